@@ -1,0 +1,1 @@
+"""Membership: SWIM + Lifeguard gossip, dissemination, transports, mDNS, simulator, traces."""

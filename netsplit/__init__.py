@@ -1,0 +1,1 @@
+"""Netsplits: partition detection, reconnection to lost members, healing."""

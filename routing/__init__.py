@@ -1,0 +1,1 @@
+"""Routing: the topic trie and (later) the cluster route table and forwarding."""

@@ -1,0 +1,1 @@
+"""Sessions: the session model, the store interface and its in-memory and RocksDB implementations."""
