@@ -1,0 +1,607 @@
+"""Node settings: one declarative table, four sources.
+
+Every setting is a field of `Settings` declared with `_setting(...)`: its default,
+its kind (how text and TOML values are parsed and checked) and its help text.
+Adding a setting is one line there; the command-line flag, the `MESHD_<NAME>`
+environment variable, the TOML key and the help text all follow from it.
+
+Precedence, high to low: command-line flag, environment, TOML file, default.
+Unknown TOML keys and unknown `MESHD_*` variables are errors (a typo must not
+silently fall back to a default). Every error is a `ConfigError(key, message)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import math
+import os
+import re
+import secrets
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "ConfigError",
+    "HostPort",
+    "Setting",
+    "Settings",
+    "SETTINGS",
+    "ENV_PREFIX",
+    "parse_host_port",
+    "load_settings",
+    "resolve_node_id",
+    "add_setting_arguments",
+    "flags_from_namespace",
+]
+
+ENV_PREFIX = "MESHD_"
+CONFIG_ENV = "MESHD_CONFIG"
+
+
+class ConfigError(Exception):
+    """A bad setting. `str()` is one line naming the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(key, message)
+        self.key = key
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+# -- addresses ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        if ":" in self.host:
+            return f"[{self.host}]:{self.port}"
+        return f"{self.host}:{self.port}"
+
+
+_HOSTNAME_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    if not host or len(host) > 253:
+        return False
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    return all(_HOSTNAME_LABEL.match(label) for label in labels)
+
+
+def parse_host_port(key: str, text: str) -> HostPort:
+    """Parse `HOST:PORT` (IPv6 as `[::1]:1883`); port 0 means any free port."""
+    if not isinstance(text, str):
+        raise ConfigError(key, f"bad address {text!r} (expected HOST:PORT)")
+    raw = text.strip()
+    if raw.startswith("["):
+        end = raw.find("]")
+        if end < 0 or raw[end + 1 : end + 2] != ":":
+            raise ConfigError(key, f"bad address {text!r} (expected [IPV6]:PORT)")
+        host, port_text = raw[1:end], raw[end + 2 :]
+        try:
+            if ipaddress.ip_address(host).version != 6:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(key, f"bad address {text!r} (brackets hold an IPv6 literal)") from None
+    else:
+        host, sep, port_text = raw.rpartition(":")
+        if not sep:
+            raise ConfigError(key, f"bad address {text!r} (expected HOST:PORT)")
+        if ":" in host:
+            raise ConfigError(key, f"bad address {text!r} (write IPv6 as [ADDR]:PORT)")
+    if not host:
+        raise ConfigError(key, f"bad address {text!r} (empty host; expected HOST:PORT)")
+    if not _valid_host(host):
+        raise ConfigError(key, f"bad address {text!r} (host is neither a name nor an IP literal)")
+    if not port_text.isdigit():
+        raise ConfigError(key, f"bad address {text!r} (port must be a number 0..65535)")
+    port = int(port_text)
+    if port > 65535:
+        raise ConfigError(key, f"bad address {text!r} (port must be a number 0..65535)")
+    return HostPort(host, port)
+
+
+# -- kinds: how one setting's raw value becomes a typed value -----------------
+
+
+class Kind:
+    """Parses a raw value (text from a flag or env, or a TOML value)."""
+
+    metavar = "VALUE"
+    expected = "a value"
+
+    def parse(self, key: str, raw: object) -> Any:
+        raise NotImplementedError
+
+    def render(self, value: object) -> str:
+        return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Str(Kind):
+    optional: bool = False
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    pattern_help: str = ""
+    metavar: str = "TEXT"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        return self.pattern_help or "text"
+
+    def parse(self, key: str, raw: object) -> Any:
+        if not isinstance(raw, str):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        if self.optional and raw == "":
+            return None
+        if self.choices:
+            value = raw.strip().lower()
+            if value not in self.choices:
+                raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+            return value
+        if self.pattern is not None and not re.fullmatch(self.pattern, raw):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        return raw
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Bool(Kind):
+    metavar: str = "BOOL"
+    expected: str = "true/false, 1/0, yes/no or on/off"
+
+    def parse(self, key: str, raw: object) -> Any:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str):
+            text = raw.strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+
+    def render(self, value: object) -> str:
+        return "true" if value else "false"
+
+
+@dataclass(frozen=True)
+class Int(Kind):
+    lo: int | None = None
+    hi: int | None = None
+    unit: str = ""
+    metavar: str = "N"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        unit = f" {self.unit}" if self.unit else ""
+        if self.lo is not None and self.hi is not None:
+            return f"an integer {self.lo}..{self.hi}{unit}"
+        if self.lo is not None:
+            return f"an integer >= {self.lo}{unit}"
+        return f"an integer{unit}"
+
+    def parse(self, key: str, raw: object) -> Any:
+        value: int
+        if isinstance(raw, bool):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        if isinstance(raw, int):
+            value = raw
+        elif isinstance(raw, str):
+            try:
+                value = int(raw.strip().replace("_", ""), 10)
+            except ValueError:
+                raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})") from None
+        else:
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise ConfigError(key, f"{value} out of range (expected {self.expected})")
+        return value
+
+
+@dataclass(frozen=True)
+class Float(Kind):
+    lo: float = 0.0
+    lo_inclusive: bool = True
+    unit: str = "seconds"
+    metavar: str = "SECONDS"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        op = ">=" if self.lo_inclusive else ">"
+        return f"a number {op} {self.lo:g} ({self.unit})"
+
+    def parse(self, key: str, raw: object) -> Any:
+        if isinstance(raw, bool):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        if isinstance(raw, (int, float)):
+            value = float(raw)
+        elif isinstance(raw, str):
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})") from None
+        else:
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        if not math.isfinite(value):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        if value < self.lo or (value == self.lo and not self.lo_inclusive):
+            raise ConfigError(key, f"{value:g} out of range (expected {self.expected})")
+        return value
+
+
+@dataclass(frozen=True)
+class Addr(Kind):
+    """HOST:PORT; with `can_disable`, the value `off` gives None (no listener)."""
+
+    can_disable: bool = False
+    metavar: str = "HOST:PORT"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return "HOST:PORT or off" if self.can_disable else "HOST:PORT"
+
+    def parse(self, key: str, raw: object) -> Any:
+        if self.can_disable:
+            if raw is None or raw is False:
+                return None
+            if isinstance(raw, str) and raw.strip().lower() in ("off", "none", "disabled", ""):
+                return None
+        if not isinstance(raw, str):
+            raise ConfigError(key, f"bad address {raw!r} (expected {self.expected})")
+        return parse_host_port(key, raw)
+
+    def render(self, value: object) -> str:
+        return "off" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class AddrList(Kind):
+    """Zero or more HOST:PORT: a comma-separated string, a list, or repeated flags."""
+
+    metavar: str = "HOST:PORT"
+    expected: str = "HOST:PORT[,HOST:PORT...]"
+
+    def parse(self, key: str, raw: object) -> Any:
+        items: list[object]
+        if isinstance(raw, str):
+            items = [raw]
+        elif isinstance(raw, (list, tuple)):
+            items = list(raw)
+        else:
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        out: list[HostPort] = []
+        for item in items:
+            if isinstance(item, HostPort):
+                out.append(item)
+                continue
+            if not isinstance(item, str):
+                raise ConfigError(key, f"bad address {item!r} (expected HOST:PORT)")
+            for part in item.split(","):
+                part = part.strip()
+                if part:
+                    hp = parse_host_port(key, part)
+                    if hp not in out:
+                        out.append(hp)
+        return tuple(out)
+
+    def render(self, value: object) -> str:
+        assert isinstance(value, tuple)
+        return ",".join(str(v) for v in value) if value else "none"
+
+
+# -- the table ---------------------------------------------------------------
+
+
+def _setting(default: Any, kind: Kind, help: str, *, secret: bool = False) -> Any:
+    # repr=False on secrets keeps them out of every log line that prints Settings.
+    return field(
+        default=default,
+        repr=not secret,
+        metadata={"kind": kind, "help": help, "secret": secret},
+    )
+
+
+_NODE_ID_RE = r"[A-Za-z0-9_.-]{1,128}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a node is configured with. Build it with `load_settings`."""
+
+    node_id: str | None = _setting(
+        None,
+        Str(optional=True, pattern=_NODE_ID_RE, pattern_help="1..128 of [A-Za-z0-9_.-]", metavar="ID"),
+        "node id; unset: the id stored in DATA_DIR/node_id, else derived from the hostname",
+    )
+    data_dir: str = _setting("./meshd-data", Str(metavar="DIR"), "directory for RocksDB, traces and the node id")
+    mqtt: HostPort | None = _setting(HostPort("0.0.0.0", 1883), Addr(can_disable=True), "MQTT over TCP listener, or off")
+    ws: HostPort | None = _setting(HostPort("0.0.0.0", 8083), Addr(can_disable=True), "MQTT over WebSocket listener, or off")
+    ws_path: str = _setting("/mqtt", Str(pattern=r"/\S*", pattern_help="a path starting with /", metavar="PATH"), "WebSocket URL path")
+    http: HostPort | None = _setting(HostPort("127.0.0.1", 18083), Addr(can_disable=True), "HTTP API and /metrics listener, or off")
+    gossip: HostPort = _setting(HostPort("0.0.0.0", 7946), Addr(), "gossip (UDP) and mesh link (TCP) address")
+    seed: tuple[HostPort, ...] = _setting((), AddrList(), "gossip address of a node to join (repeatable; env/TOML: comma-separated)")
+    mdns: bool = _setting(True, Bool(), "find other nodes on the LAN by mDNS")
+    cluster_name: str = _setting("meshd", Str(pattern=r"[A-Za-z0-9_.-]{1,64}", pattern_help="1..64 of [A-Za-z0-9_.-]", metavar="NAME"), "only nodes with the same cluster name join")
+    cluster_key: str | None = _setting(None, Str(optional=True, metavar="SECRET"), "shared secret: authenticates and encrypts node-to-node traffic", secret=True)
+    trace: bool = _setting(True, Bool(), "write convergence traces to DATA_DIR/traces")
+    log_level: str = _setting("info", Str(choices=("debug", "info", "warning", "error"), metavar="LEVEL"), "log level")
+    max_keepalive: int = _setting(65535, Int(0, 65535, "seconds"), "largest keep alive granted; v5 clients asking for more get Server Keep Alive")
+    max_packet_size: int = _setting(1048576, Int(16, 268435460, "bytes"), "largest MQTT packet accepted")
+    receive_maximum: int = _setting(1024, Int(1, 65535), "inbound QoS 1/2 window per client")
+    max_inflight: int = _setting(32, Int(1, 65535), "outbound QoS 1/2 window per client (min with the client's receive maximum)")
+    max_queued_messages: int = _setting(1000, Int(0), "messages queued per session before dropping")
+    queue_qos0: bool = _setting(False, Bool(), "queue QoS 0 messages for offline persistent sessions")
+    topic_alias_maximum: int = _setting(64, Int(0, 65535), "topic aliases accepted per v5 client")
+    retain_available: bool = _setting(True, Bool(), "support retained messages")
+    connect_timeout: float = _setting(10.0, Float(0.0, lo_inclusive=False), "seconds a new connection has to send CONNECT")
+    sys_interval: float = _setting(10.0, Float(0.0), "seconds between $SYS publishes; 0 disables $SYS")
+    shutdown_timeout: float = _setting(5.0, Float(0.0), "seconds to drain connections on shutdown")
+    durability: str = _setting("sync", Str(choices=("sync", "batch", "off"), metavar="MODE"), "session store writes: sync (fsync before ack), batch (group commit), off")
+    durability_batch_ms: int = _setting(10, Int(1, None, "ms"), "group commit interval in batch mode")
+
+    def as_dict(self, *, redact: bool = True) -> dict[str, Any]:
+        """Plain JSON-able values (addresses as text); secrets masked unless redact=False."""
+        out: dict[str, Any] = {}
+        for s in SETTINGS:
+            value = getattr(self, s.name)
+            if s.secret and redact:
+                out[s.name] = None if value is None else "***"
+            elif isinstance(value, HostPort):
+                out[s.name] = str(value)
+            elif isinstance(value, tuple):
+                out[s.name] = [str(v) for v in value]
+            else:
+                out[s.name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table, derived from a `Settings` field."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    secret: bool = False
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def type(self) -> Kind:
+        return self.kind
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(f.name, f.metadata["kind"], f.default, f.metadata["help"], f.metadata["secret"])
+    for f in dataclasses.fields(Settings)
+)
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+# -- loading -----------------------------------------------------------------
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("config", f"file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError("config", f"{path}: cannot read: {e.strerror or e}") from None
+    return data
+
+
+def _toml_values(path: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for raw_key, value in _read_toml(path).items():
+        name = raw_key.replace("-", "_")
+        if name not in SETTINGS_BY_NAME:
+            raise ConfigError(raw_key, f"unknown setting in {path}")
+        if isinstance(value, dict):
+            raise ConfigError(raw_key, f"expected a flat key = value in {path}, not a table")
+        out[name] = value
+    return out
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+            continue
+        name = var[len(ENV_PREFIX) :].lower()
+        if name not in SETTINGS_BY_NAME:
+            raise ConfigError(var, "unknown MESHD_* environment variable")
+        out[name] = value
+    return out
+
+
+def load_settings(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Settings:
+    """Build `Settings` from flags > env (`MESHD_*`) > TOML (`config`) > defaults.
+
+    `flags` holds only what was given on the command line (see
+    `flags_from_namespace`); its `config` entry, else `MESHD_CONFIG`, names the
+    TOML file.
+    """
+    if env is None:
+        env = os.environ
+    for name in flags:
+        if name != "config" and name not in SETTINGS_BY_NAME:
+            raise ConfigError(name, "unknown setting")
+    env_values = _env_values(env)
+    config_path = flags.get("config")
+    if config_path is None:
+        config_path = env.get(CONFIG_ENV) or None
+    toml_values = _toml_values(str(config_path)) if config_path is not None else {}
+
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.name in flags:
+            values[s.name] = s.kind.parse(s.name, flags[s.name])
+        elif s.name in env_values:
+            values[s.name] = _parse_from(s, env_values[s.name], f"environment variable {s.env}")
+        elif s.name in toml_values:
+            values[s.name] = _parse_from(s, toml_values[s.name], f"config file {config_path}")
+    return Settings(**values)
+
+
+def _parse_from(s: Setting, raw: object, source: str) -> Any:
+    try:
+        return s.kind.parse(s.name, raw)
+    except ConfigError as e:
+        raise ConfigError(e.key, f"{e.message}; from {source}") from None
+
+
+# -- node id -----------------------------------------------------------------
+
+NODE_ID_FILE = "node_id"
+
+
+def _sanitise(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+    return cleaned[:48] or "node"
+
+
+def resolve_node_id(settings: Settings) -> str:
+    """The node's id: `--node-id`, else `<data_dir>/node_id`, else a new one stored there.
+
+    A new id is the sanitised hostname plus a short random suffix, so two nodes
+    on one host (two data dirs) differ; it is stored so restarts keep it.
+    """
+    if settings.node_id:
+        return settings.node_id
+    path = os.path.join(settings.data_dir, NODE_ID_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = f.read().strip()
+    except FileNotFoundError:
+        stored = ""
+    except OSError as e:
+        raise ConfigError("data_dir", f"cannot read {path}: {e.strerror or e}") from None
+    if stored:
+        if not re.fullmatch(_NODE_ID_RE, stored):
+            raise ConfigError("node_id", f"bad node id {stored!r} stored in {path}")
+        return stored
+    node_id = f"{_sanitise(socket.gethostname())}-{secrets.token_hex(3)}"
+    try:
+        os.makedirs(settings.data_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(node_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic: a crash never leaves a half-written id
+    except OSError as e:
+        raise ConfigError("data_dir", f"cannot store node id in {path}: {e.strerror or e}") from None
+    return node_id
+
+
+# -- command line ------------------------------------------------------------
+
+
+def _help_text(s: Setting) -> str:
+    default = "none" if s.secret and s.default is None else s.kind.render(s.default)
+    # argparse %-formats help strings.
+    return f"{s.help} [env {s.env}; default {default}]".replace("%", "%%")
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser | Any) -> None:
+    """Add `--config` and one flag per setting; absent flags stay absent (precedence)."""
+    group = parser.add_argument_group(
+        "settings",
+        "Each setting also reads env MESHD_<NAME> and the TOML key <name> "
+        "(precedence: flag > env > TOML file > default).",
+    )
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="TOML file with flat keys named like the settings [env MESHD_CONFIG]",
+    )
+    for s in SETTINGS:
+        if isinstance(s.kind, Bool):
+            negative = "--no-" + s.flag[2:]
+            group.add_argument(
+                s.flag,
+                dest=s.name,
+                action="store_const",
+                const=True,
+                default=argparse.SUPPRESS,
+                help=_help_text(s),
+            )
+            group.add_argument(
+                negative,
+                dest=s.name,
+                action="store_const",
+                const=False,
+                default=argparse.SUPPRESS,
+                help=f"turn {s.name} off",
+            )
+        elif isinstance(s.kind, AddrList):
+            group.add_argument(
+                s.flag,
+                dest=s.name,
+                action="append",
+                metavar=s.kind.metavar,
+                default=argparse.SUPPRESS,
+                help=_help_text(s),
+            )
+        else:
+            group.add_argument(
+                s.flag,
+                dest=s.name,
+                metavar=s.kind.metavar,
+                default=argparse.SUPPRESS,
+                help=_help_text(s),
+            )
+
+
+def flags_from_namespace(ns: argparse.Namespace) -> dict[str, object]:
+    """The settings (and `config`) actually given on the command line."""
+    given = vars(ns)
+    names: Iterable[str] = ["config", *SETTINGS_BY_NAME]
+    return {name: given[name] for name in names if name in given}
+
+
+def describe_settings(settings: Settings) -> list[str]:
+    """`name = value` lines for a startup log (secrets masked)."""
+    lines: list[str] = []
+    for s in SETTINGS:
+        value = getattr(settings, s.name)
+        shown = ("***" if value is not None else "none") if s.secret else s.kind.render(value)
+        lines.append(f"{s.name} = {shown}")
+    return lines
+
+
+def setting_names() -> Sequence[str]:
+    return tuple(SETTINGS_BY_NAME)
