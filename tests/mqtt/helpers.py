@@ -1,0 +1,62 @@
+"""Shared helpers for the codec tests: decode whole encodings and split feeds."""
+
+from __future__ import annotations
+
+from mesh.mqtt import Connack, Connect, Decoder, Packet
+
+# Packets only a server receives / only a client receives; the rest go both ways.
+CLIENT_TO_SERVER_ONLY = {"Connect", "Subscribe", "Unsubscribe", "Pingreq"}
+SERVER_TO_CLIENT_ONLY = {"Connack", "Suback", "Unsuback", "Pingresp"}
+
+
+def role_for(packet: Packet) -> str:
+    """The role of a decoder that may receive `packet`."""
+    name = type(packet).__name__
+    if name in SERVER_TO_CLIENT_ONLY:
+        return "client"
+    if name == "Publish" and packet.properties.subscription_identifiers:  # type: ignore[union-attr]
+        return "client"  # only servers may send subscription identifiers [MQTT-3.3.4-6]
+    return "server"
+
+
+def decoder_for(packet: Packet, level: int, **kwargs: object) -> Decoder:
+    """A decoder positioned to receive `packet` at `level`, mid-session."""
+    role = role_for(packet)
+    if isinstance(packet, Connect) or (isinstance(packet, Connack) and role == "client"):
+        # Let the decoder learn the level from the packet itself, as on a new connection.
+        return Decoder(role=role, protocol_level=level if isinstance(packet, Connack) else None, **kwargs)  # type: ignore[arg-type]
+    return Decoder(role=role, protocol_level=level, **kwargs)  # type: ignore[arg-type]
+
+
+def decode_all(decoder: Decoder, data: bytes) -> list[Packet]:
+    decoder.feed(data)
+    return list(decoder)
+
+
+def decode_one(packet: Packet, data: bytes, level: int) -> Packet:
+    decoder = decoder_for(packet, level)
+    packets = decode_all(decoder, data)
+    assert len(packets) == 1, packets
+    assert decoder.buffered == 0
+    return packets[0]
+
+
+def check_splits(packet: Packet, data: bytes, level: int) -> None:
+    """Every split point decodes to the same packet; every proper prefix needs more data."""
+    for cut in range(len(data) + 1):
+        decoder = decoder_for(packet, level)
+        decoder.feed(data[:cut])
+        got = decoder.next_packet()
+        if cut < len(data):
+            assert got is None, f"prefix of {cut}/{len(data)} bytes decoded to {got!r}"
+            decoder.feed(data[cut:])
+            got = decoder.next_packet()
+        assert got == packet, (cut, got, packet)
+        assert decoder.next_packet() is None
+    # one byte at a time, twice in a row (the second copy starts mid-buffer)
+    decoder = decoder_for(packet, level)
+    seen = []
+    for byte in data + data:
+        decoder.feed(bytes((byte,)))
+        seen.extend(decoder)
+    assert seen == [packet, packet]
