@@ -1,0 +1,575 @@
+"""One MQTT client connection: the Trio shell around the codec and the broker.
+
+Two tasks per connection and no task per message: the reader decodes packets and
+handles each synchronously (the broker never awaits); handlers append encoded bytes to
+this connection's outbox, and the writer flushes the whole outbox in one `send_all`
+per wake-up, which coalesces writes per scheduler tick.
+
+Back-pressure: QoS 1/2 deliveries beyond the inflight window wait in the session queue
+(bounded by `max_queued_messages`); QoS 0 deliveries are dropped, and counted, while
+the outbox holds more than `OUTBOX_LIMIT` bytes (a slow consumer loses QoS 0 first and
+never makes the node grow without bound).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from mesh.mqtt import (
+    EMPTY_PROPERTIES,
+    Auth,
+    Connack,
+    Connect,
+    Decoder,
+    Disconnect,
+    MQTTError,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    RemoteProtocolError,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    ReasonCode,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    encode,
+    patch_publish,
+)
+from session_store.model import Delivery, InflightEntry, Session
+
+if TYPE_CHECKING:
+    from mesh.broker import Broker
+
+log = logging.getLogger("meshd.connection")
+
+OUTBOX_LIMIT = 4 * 1024 * 1024
+READ_SIZE = 65536
+FLUSH_ON_CLOSE_TIMEOUT = 2.0
+
+
+class ByteStream(Protocol):
+    async def receive_some(self, max_bytes: int | None = None) -> bytes: ...
+    async def send_all(self, data: bytes) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+class ClientConnection:
+    __slots__ = (
+        "broker", "stream", "peer", "transport", "decoder", "protocol_level", "client_id",
+        "session", "keep_alive", "will", "username", "send_window", "client_max_packet",
+        "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_stop_writer",
+        "_outbox", "_outbox_bytes", "_wake", "_reader_scope", "request_problem_info",
+        "connect_timeout",
+    )
+
+    def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.peer = peer
+        self.transport = transport
+        self.connect_timeout = connect_timeout
+        self.decoder = Decoder(role="server", max_packet_size=broker.limits.max_packet_size)
+        self.protocol_level = 4
+        self.client_id = ""
+        self.session: Session | None = None
+        self.keep_alive = 0
+        self.will: Any = None
+        self.username: str | None = None
+        self.send_window = broker.limits.max_inflight
+        self.client_max_packet: int | None = None
+        self.alias_in: dict[int, str] = {}
+        self.alias_out: dict[str, int] = {}
+        self.alias_out_max = 0
+        self.request_problem_info = True
+        self.closing = False
+        self.close_reason: int | None = None
+        self._stop_writer = False
+        self._outbox: list[bytes] = []
+        self._outbox_bytes = 0
+        self._wake = trio.Event()
+        self._reader_scope: trio.CancelScope | None = None
+
+    # ---------------------------------------------------------------- output
+
+    def write(self, data: bytes) -> None:
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        self._wake.set()
+
+    def send(self, packet: Any) -> None:
+        self.write(encode(packet, self.protocol_level))
+
+    def close(self, reason: int | None = None) -> None:
+        """Close from the server side: DISCONNECT with `reason` on v5, then the socket."""
+        if self.closing:
+            return
+        self.closing = True
+        self.close_reason = reason
+        if reason is not None and self.protocol_level == 5 and self.session is not None:
+            self.send(Disconnect(reason_code=reason))
+        if self._reader_scope is not None:
+            self._reader_scope.cancel()
+
+    def take_will(self) -> Any:
+        will, self.will = self.will, None
+        return will
+
+    # -------------------------------------------------------------- delivery
+
+    def deliver(self, delivery: Delivery, now: float, cache: dict[Any, bytes] | None = None) -> None:
+        """Send one delivery now, or queue it behind the inflight window."""
+        session = self.session
+        assert session is not None
+        if delivery.message.expired(now):
+            self.broker.stats.dropped_expired += 1
+            return
+        if delivery.qos == 0:
+            if self._outbox_bytes > OUTBOX_LIMIT:
+                self.broker.stats.dropped_slow_consumer += 1
+                return
+            self._send_publish(delivery, None, False, now, cache)
+            return
+        if session.queue or len(session.inflight) >= self.send_window:
+            dropped = session.enqueue(delivery, self.broker.limits.max_queued_messages)
+            if dropped is not None:
+                self.broker.note_queue_drop(session, dropped)
+            return
+        pid = session.allocate_packet_id()
+        session.inflight[pid] = InflightEntry(delivery)
+        self._send_publish(delivery, pid, False, now, cache)
+
+    def _send_publish(self, d: Delivery, packet_id: int | None, dup: bool, now: float, cache: dict[Any, bytes] | None) -> None:
+        msg = d.message
+        level = self.protocol_level
+        data: bytes | None = None
+        key = None
+        if cache is not None and not self.alias_out_max:
+            key = (level, d.qos, d.retain, d.subscription_ids)
+            data = cache.get(key)
+        if data is None:
+            topic = msg.topic
+            props = msg.properties if level == 5 else EMPTY_PROPERTIES
+            if level == 5:
+                changes: dict[str, Any] = {}
+                if d.subscription_ids:
+                    changes["subscription_identifiers"] = d.subscription_ids
+                if msg.expires_at is not None:
+                    changes["message_expiry_interval"] = msg.remaining_expiry(now)
+                if self.alias_out_max and not dup:
+                    alias = self.alias_out.get(topic)
+                    if alias is not None:
+                        changes["topic_alias"] = alias
+                        topic = ""
+                    elif len(self.alias_out) < self.alias_out_max:
+                        alias = len(self.alias_out) + 1
+                        self.alias_out[topic] = alias
+                        changes["topic_alias"] = alias
+                if changes:
+                    props = replace(props, **changes)
+            data = encode(
+                Publish(topic=topic, payload=msg.payload, qos=d.qos, retain=d.retain, dup=dup,
+                        packet_id=packet_id if d.qos else None, properties=props),
+                level,
+            )
+            if self.client_max_packet is not None and len(data) > self.client_max_packet:
+                # MQTT-3.1.2-25: too big for this client: discard as if delivered.
+                self.broker.stats.dropped_too_large += 1
+                if packet_id is not None and self.session is not None:
+                    self.session.inflight.pop(packet_id, None)
+                return
+            if key is not None:
+                cache[key] = data  # type: ignore[index]
+        elif packet_id is not None:
+            data = patch_publish(data, packet_id=packet_id)
+        self.broker.stats.messages_out[d.qos] += 1
+        self.write(data)
+
+    def _fill_window(self, now: float) -> None:
+        session = self.session
+        assert session is not None
+        queue = session.queue
+        while queue and len(session.inflight) < self.send_window and not self.closing:
+            d = queue.popleft()
+            if d.message.expired(now):
+                self.broker.stats.dropped_expired += 1
+                continue
+            if d.qos == 0:
+                self._send_publish(d, None, False, now, None)
+                continue
+            pid = session.allocate_packet_id()
+            session.inflight[pid] = InflightEntry(d)
+            self._send_publish(d, pid, False, now, None)
+
+    def _resume(self, now: float) -> None:
+        """Session resumed: resend unacknowledged PUBLISHes with DUP=1 and pending
+        PUBRELs, in their original order (MQTT-4.4.0-1), then drain the queue."""
+        session = self.session
+        assert session is not None
+        for pid, entry in list(session.inflight.items()):
+            if entry.state == "pubrel":
+                self.send(Pubrel(packet_id=pid))
+            elif entry.delivery.message.expired(now):
+                del session.inflight[pid]
+                self.broker.stats.dropped_expired += 1
+            else:
+                self._send_publish(entry.delivery, pid, True, now, None)
+        self._fill_window(now)
+
+    # ------------------------------------------------------------------- run
+
+    async def run(self) -> None:
+        try:
+            connect = await self._read_connect()
+            if connect is None or not self._handle_connect(connect, time.time()):
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer)
+                await self._read_loop()
+                # Let the writer flush what is left (e.g. a DISCONNECT), within bounds.
+                self._stop_writer = True
+                self._wake.set()
+                nursery.cancel_scope.deadline = trio.current_time() + FLUSH_ON_CLOSE_TIMEOUT
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            log.debug("%s: connection lost: %s", self.peer, group.exceptions[0])
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.session is not None:
+                    self.broker.connection_lost(self, time.time(), publish_will=True)
+                await self._final_flush()
+                await self.stream.aclose()
+
+    async def _read_connect(self) -> Connect | None:
+        """First packet must be CONNECT within `connect_timeout` (MQTT-3.1.0-1)."""
+        with trio.move_on_after(self.connect_timeout):
+            while True:
+                data = await self.stream.receive_some(READ_SIZE)
+                if not data:
+                    return None
+                self.broker.stats.bytes_in += len(data)
+                try:
+                    self.decoder.feed(data)
+                    packet = self.decoder.next_packet()
+                except MQTTError as exc:
+                    self._answer_bad_connect(exc)
+                    return None
+                if packet is not None:
+                    if not isinstance(packet, Connect):
+                        log.info("%s: first packet was not CONNECT; closing", self.peer)
+                        return None
+                    return packet
+        log.info("%s: no CONNECT within %.0f s; closing", self.peer, self.connect_timeout)
+        return None
+
+    def _answer_bad_connect(self, exc: MQTTError) -> None:
+        self.broker.stats.protocol_errors += 1
+        log.info("%s: bad CONNECT: %s (reason 0x%02X)", self.peer, exc, exc.reason_code)
+        level = self.decoder.protocol_level
+        if exc.reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+            # Answer in the oldest dialect the client may understand (MQTT-3.1.2-2).
+            self.protocol_level = 4
+            self.send(Connack(reason_code=ReasonCode.UNSUPPORTED_PROTOCOL_VERSION))
+        elif level == 5:
+            self.protocol_level = 5
+            self.send(Connack(reason_code=exc.reason_code))
+
+    def _handle_connect(self, c: Connect, now: float) -> bool:
+        limits = self.broker.limits
+        level = c.protocol_level
+        self.protocol_level = level
+        props = c.properties
+        client_id = c.client_id
+        assigned = None
+        if not client_id:
+            if level == 5 or (level == 4 and c.clean_start):
+                client_id = assigned = self.broker.assign_client_id()
+            else:
+                self.send(Connack(reason_code=ReasonCode.CLIENT_IDENTIFIER_NOT_VALID))
+                return False
+        if level == 5 and props.authentication_method is not None:
+            self.send(Connack(reason_code=ReasonCode.BAD_AUTHENTICATION_METHOD))
+            return False
+        self.client_id = client_id
+        self.username = c.username
+        self.will = c.will
+        if c.will is not None and c.will.retain and not limits.retain_available:
+            self.send(Connack(reason_code=ReasonCode.RETAIN_NOT_SUPPORTED))
+            return False
+
+        keep_alive = c.keep_alive
+        server_keep_alive = None
+        if level == 5 and limits.max_keepalive < 65535 and (keep_alive == 0 or keep_alive > limits.max_keepalive):
+            keep_alive = server_keep_alive = limits.max_keepalive
+        elif level == 5 and keep_alive > limits.max_keepalive:
+            keep_alive = server_keep_alive = limits.max_keepalive
+        self.keep_alive = keep_alive
+
+        if level == 5:
+            if props.receive_maximum is not None:
+                self.send_window = min(self.send_window, props.receive_maximum)
+            self.client_max_packet = props.maximum_packet_size
+            self.alias_out_max = props.topic_alias_maximum or 0
+            if props.request_problem_information == 0:
+                self.request_problem_info = False
+
+        session, present = self.broker.open_session(self, c, client_id, now)
+        self.session = session
+
+        ack_props = EMPTY_PROPERTIES
+        if level == 5:
+            fields: dict[str, Any] = {
+                "receive_maximum": limits.receive_maximum,
+                "maximum_packet_size": limits.max_packet_size,
+                "topic_alias_maximum": limits.topic_alias_maximum,
+            }
+            if assigned is not None:
+                fields["assigned_client_identifier"] = assigned
+            if server_keep_alive is not None:
+                fields["server_keep_alive"] = server_keep_alive
+            if not limits.retain_available:
+                fields["retain_available"] = 0
+            if props.request_response_information == 1:
+                fields["response_information"] = f"meshd/response/{client_id}"
+            ack_props = Properties(**fields)
+        self.send(Connack(session_present=present, reason_code=ReasonCode.SUCCESS, properties=ack_props))
+        log.debug("%s: %s connected (v%d, %s, session present=%s)", self.peer, client_id, level, self.transport, present)
+        if present:
+            self._resume(now)
+        return True
+
+    async def _read_loop(self) -> None:
+        """Read and handle packets until the connection ends."""
+        decoder = self.decoder
+        stats = self.broker.stats
+        receive = self.stream.receive_some
+        grace = self.keep_alive * 1.5
+        with trio.CancelScope() as self._reader_scope:
+            # Packets that arrived together with CONNECT.
+            if self._handle_buffered():
+                return
+            # One keep-alive deadline pushed forward on every read (MQTT-3.1.2-22),
+            # not a cancel scope per read.
+            with trio.CancelScope() as keepalive:
+                if grace:
+                    keepalive.deadline = trio.current_time() + grace
+                while True:
+                    data = await receive(READ_SIZE)
+                    if not data:
+                        return
+                    stats.bytes_in += len(data)
+                    if grace:
+                        keepalive.deadline = trio.current_time() + grace
+                    try:
+                        decoder.feed(data)
+                    except MQTTError as exc:
+                        self._protocol_violation(exc)
+                        return
+                    if self._handle_buffered():
+                        return
+            if keepalive.cancelled_caught:
+                log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, grace)
+                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+
+    def _handle_buffered(self) -> bool:
+        """Handle every complete packet in the decoder; True when the connection must end."""
+        now = time.time()
+        try:
+            while True:
+                packet = self.decoder.next_packet()
+                if packet is None:
+                    return self.closing
+                self._dispatch(packet, now)
+                if self.closing:
+                    return True
+        except MQTTError as exc:
+            self._protocol_violation(exc)
+            return True
+
+    def _protocol_violation(self, exc: MQTTError) -> None:
+        self.broker.stats.protocol_errors += 1
+        log.info("%s: %s protocol violation: %s (reason 0x%02X); closing", self.peer, self.client_id, exc, exc.reason_code)
+        self.close(exc.reason_code)
+
+    async def _writer(self) -> None:
+        stream = self.stream
+        stats = self.broker.stats
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            if not self._outbox:
+                if self._stop_writer:
+                    return
+                continue
+            data = b"".join(self._outbox)
+            self._outbox.clear()
+            self._outbox_bytes = 0
+            stats.bytes_out += len(data)
+            await stream.send_all(data)
+            if self._stop_writer and not self._outbox:
+                return
+
+    async def _final_flush(self) -> None:
+        if not self._outbox:
+            return
+        data = b"".join(self._outbox)
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        with trio.move_on_after(FLUSH_ON_CLOSE_TIMEOUT):
+            try:
+                await self.stream.send_all(data)
+                self.broker.stats.bytes_out += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    # -------------------------------------------------------------- handlers
+
+    def _dispatch(self, p: Any, now: float) -> None:
+        t = type(p)
+        if t is Publish:
+            self._on_publish(p, now)
+        elif t is Puback:
+            self._on_ack(p.packet_id, now)
+        elif t is Pubrec:
+            self._on_pubrec(p, now)
+        elif t is Pubrel:
+            self._on_pubrel(p)
+        elif t is Pubcomp:
+            self._on_ack(p.packet_id, now)
+        elif t is Subscribe:
+            self._on_subscribe(p, now)
+        elif t is Unsubscribe:
+            self._on_unsubscribe(p)
+        elif t is Pingreq:
+            self.send(Pingresp())
+        elif t is Disconnect:
+            self._on_disconnect(p)
+        elif t is Connect:
+            # MQTT-3.1.0-2: a second CONNECT is a protocol error.
+            self._protocol_violation(_error(ReasonCode.PROTOCOL_ERROR, "second CONNECT on one connection"))
+        elif t is Auth:
+            self._protocol_violation(_error(ReasonCode.PROTOCOL_ERROR, "AUTH without enhanced authentication"))
+        else:
+            self._protocol_violation(_error(ReasonCode.PROTOCOL_ERROR, f"unexpected {t.__name__}"))
+
+    def _on_publish(self, p: Publish, now: float) -> None:
+        session = self.session
+        assert session is not None
+        broker = self.broker
+        topic = p.topic
+        props = p.properties
+        if self.protocol_level == 5 and props.topic_alias is not None:
+            alias = props.topic_alias
+            if alias > broker.limits.topic_alias_maximum:
+                self._protocol_violation(_error(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum"))
+                return
+            if topic:
+                self.alias_in[alias] = topic
+            else:
+                topic = self.alias_in.get(alias, "")
+                if not topic:
+                    self._protocol_violation(_error(ReasonCode.PROTOCOL_ERROR, f"unknown topic alias {alias}"))
+                    return
+        if p.retain and not broker.limits.retain_available:
+            self._protocol_violation(_error(ReasonCode.RETAIN_NOT_SUPPORTED, "retain not available"))
+            return
+        qos = p.qos
+        if qos == 2:
+            pid = p.packet_id
+            if pid in session.qos2_in:
+                # Retransmission of a QoS 2 PUBLISH we already took: do not route again.
+                self.send(Pubrec(packet_id=pid))
+                return
+            if len(session.qos2_in) >= broker.limits.receive_maximum:
+                self._protocol_violation(_error(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded"))
+                return
+        msg = broker.make_message(topic, p.payload, qos, p.retain, props, self.client_id, now)
+        matched = broker.publish(msg, now)
+        if qos == 1:
+            rc = ReasonCode.SUCCESS if matched or self.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
+            self.send(Puback(packet_id=p.packet_id, reason_code=rc))
+        elif qos == 2:
+            session.qos2_in.add(p.packet_id)
+            rc = ReasonCode.SUCCESS if matched or self.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
+            self.send(Pubrec(packet_id=p.packet_id, reason_code=rc))
+
+    def _on_pubrel(self, p: Pubrel) -> None:
+        session = self.session
+        assert session is not None
+        if p.packet_id in session.qos2_in:
+            session.qos2_in.discard(p.packet_id)
+            self.send(Pubcomp(packet_id=p.packet_id))
+        else:
+            self.send(Pubcomp(packet_id=p.packet_id, reason_code=ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+
+    def _on_ack(self, packet_id: int, now: float) -> None:
+        session = self.session
+        assert session is not None
+        if session.inflight.pop(packet_id, None) is not None:
+            self._fill_window(now)
+
+    def _on_pubrec(self, p: Pubrec, now: float) -> None:
+        session = self.session
+        assert session is not None
+        entry = session.inflight.get(p.packet_id)
+        if entry is None:
+            if self.protocol_level == 5:
+                self.send(Pubrel(packet_id=p.packet_id, reason_code=ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+            return
+        if p.reason_code >= 0x80:
+            # The receiver refused the message: the exchange ends here.
+            del session.inflight[p.packet_id]
+            self._fill_window(now)
+            return
+        entry.state = "pubrel"
+        self.send(Pubrel(packet_id=p.packet_id))
+
+    def _on_subscribe(self, p: Subscribe, now: float) -> None:
+        session = self.session
+        assert session is not None
+        sub_id = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
+        codes: list[int] = []
+        retained: list[Delivery] = []
+        for sub in p.subscriptions:
+            code, found = self.broker.subscribe(session, sub, sub_id, now)
+            codes.append(code)
+            retained.extend(found)
+        self.send(Suback(packet_id=p.packet_id, reason_codes=tuple(codes)))
+        for d in retained:
+            self.deliver(d, now)
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = tuple(
+            ReasonCode.SUCCESS if self.broker.unsubscribe(session, f) else ReasonCode.NO_SUBSCRIPTION_EXISTED
+            for f in p.topic_filters
+        )
+        self.send(Unsuback(packet_id=p.packet_id, reason_codes=codes))
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        session = self.session
+        assert session is not None
+        if p.reason_code != ReasonCode.DISCONNECT_WITH_WILL:
+            self.will = None  # MQTT-3.14.4-3: a normal DISCONNECT discards the will
+        expiry = p.properties.session_expiry_interval
+        if expiry is not None:
+            if session.expiry_interval == 0 and expiry != 0:
+                # MQTT-3.14.2-2: a 0 expiry from CONNECT cannot be raised on DISCONNECT.
+                self._protocol_violation(_error(ReasonCode.PROTOCOL_ERROR, "session expiry raised on DISCONNECT"))
+                return
+            session.expiry_interval = expiry
+            session.persistent = expiry > 0
+        self.closing = True
+
+
+def _error(code: int, message: str) -> MQTTError:
+    return RemoteProtocolError(message, code)

@@ -1,0 +1,223 @@
+"""A meshd node: listeners, HTTP API, timers and `$SYS`, around one Broker.
+
+Task tree (one nursery per layer, so shutdown can go in order):
+
+    run_node ── signal receiver
+     └ Node.serve ── connections nursery (one task tree per client)
+                  └ services nursery: TCP listener, WebSocket listener, HTTP API,
+                                      broker timers, $SYS publisher
+
+Shutdown (SIGINT/SIGTERM or `request_shutdown()`): the services stop (no new
+connections), every client gets DISCONNECT 0x8B (v5) and its outbox flushed, and the
+connections get `shutdown_timeout` seconds to finish before they are cancelled.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import signal
+import time
+from typing import Any
+
+import trio
+from trio_websocket import WebSocketRequest, serve_websocket
+
+from mesh import __version__
+from mesh.broker import Broker, BrokerLimits
+from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
+from mesh.connection import ClientConnection
+from mesh.mqtt import ReasonCode
+from mesh.sys_topics import publish_sys
+from mesh.ws import WebSocketByteStream, accept_mqtt
+
+log = logging.getLogger("meshd.node")
+
+
+def _bind_error(key: str, addr: HostPort, exc: OSError) -> ConfigError:
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(key, f"address {addr} is already in use")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(key, f"address {addr} is not available on this machine")
+    return ConfigError(key, f"cannot listen on {addr}: {exc.strerror or exc}")
+
+
+def _first_oserror(exc: BaseException) -> OSError | None:
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_oserror(inner)
+            if found is not None:
+                return found
+    return None
+
+
+class Node:
+    def __init__(self, settings: Settings, node_id: str | None = None) -> None:
+        self.settings = settings
+        self.node_id = node_id or resolve_node_id(settings)
+        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id)
+        self.started_at = time.time()
+        self.ports: dict[str, int] = {}
+        self._shutdown = trio.Event()
+        self._timer_wake = trio.Event()
+        self.broker.on_timer_change = self._timer_wake.set
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    def uptime(self) -> float:
+        return time.time() - self.started_at
+
+    async def serve(self, *, task_status: trio.TaskStatus[dict[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+        s = self.settings
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as services:
+                if s.mqtt is not None:
+                    listeners = await self._open_listeners("mqtt", s.mqtt)
+                    self.ports["mqtt"] = listeners[0].socket.getsockname()[1]
+                    services.start_soon(self._serve_tcp, listeners, connections)
+                if s.ws is not None:
+                    self.ports["ws"] = await self._start_ws(services, connections, s.ws)
+                if s.http is not None:
+                    self.ports["http"] = await self._start_http(services, s.http)
+                services.start_soon(self._timer_loop)
+                if s.sys_interval > 0:
+                    services.start_soon(self._sys_loop)
+                log.info(
+                    "node %s (meshd %s) listening: %s",
+                    self.node_id, __version__,
+                    ", ".join(f"{name} {getattr(s, name).host}:{port}" for name, port in self.ports.items()),
+                )
+                task_status.started(dict(self.ports))
+                await self._shutdown.wait()
+                log.info("shutting down: closing listeners")
+                services.cancel_scope.cancel()
+            clients = self.broker.client_count()
+            self.broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
+            log.info("disconnected %d clients (0x8B server shutting down)", clients)
+            connections.cancel_scope.deadline = trio.current_time() + s.shutdown_timeout
+        log.info("node %s stopped", self.node_id)
+
+    async def _open_listeners(self, key: str, addr: HostPort) -> list[trio.SocketListener]:
+        try:
+            return await trio.open_tcp_listeners(addr.port, host=addr.host)
+        except OSError as exc:
+            raise _bind_error(key, addr, exc) from exc
+
+    async def _serve_tcp(self, listeners: list[trio.SocketListener], connections: trio.Nursery) -> None:
+        await trio.serve_listeners(self._handle_tcp, listeners, handler_nursery=connections)
+
+    async def _handle_tcp(self, stream: trio.SocketStream) -> None:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "?"
+        await self._run_connection(stream, peer, "tcp")
+
+    async def _run_connection(self, stream: Any, peer: str, transport: str) -> None:
+        conn = ClientConnection(self.broker, stream, peer, transport, connect_timeout=self.settings.connect_timeout)
+        try:
+            await conn.run()
+        except Exception:
+            # A bug in one connection must not take the listener (or the node) down.
+            log.exception("%s: connection failed", peer)
+
+    async def _start_ws(self, services: trio.Nursery, connections: trio.Nursery, addr: HostPort) -> int:
+        path = self.settings.ws_path
+
+        async def handler(request: WebSocketRequest) -> None:
+            ws = await accept_mqtt(request, path)
+            if ws is None:
+                return
+            remote = request.remote
+            peer = f"{getattr(remote, 'address', remote)}:{getattr(remote, 'port', '')}"
+            await self._run_connection(WebSocketByteStream(ws), peer, "ws")
+
+        try:
+            server = await services.start(
+                lambda task_status: serve_websocket(
+                    handler, addr.host, addr.port, None,
+                    handler_nursery=connections,
+                    max_message_size=self.settings.max_packet_size + 16,
+                    connect_timeout=self.settings.connect_timeout,
+                    disconnect_timeout=2,
+                    task_status=task_status,
+                )
+            )
+        except BaseException as exc:
+            oserror = _first_oserror(exc)
+            if oserror is None:
+                raise
+            raise _bind_error("ws", addr, oserror) from exc
+        return server.port
+
+    async def _start_http(self, services: trio.Nursery, addr: HostPort) -> int:
+        from mesh.api import build_router
+        from mesh.http_api import serve_http
+
+        router = build_router(self)
+        try:
+            return await services.start(serve_http, router, addr.host, addr.port)
+        except BaseException as exc:
+            oserror = _first_oserror(exc)
+            if oserror is None:
+                raise
+            raise _bind_error("http", addr, oserror) from exc
+
+    async def _timer_loop(self) -> None:
+        broker = self.broker
+        while True:
+            deadline = broker.next_deadline()
+            self._timer_wake = trio.Event()
+            broker.on_timer_change = self._timer_wake.set
+            delay = math.inf if deadline is None else max(0.0, deadline - time.time())
+            with trio.move_on_after(delay):
+                await self._timer_wake.wait()
+            broker.handle_timers(time.time())
+
+    async def _sys_loop(self) -> None:
+        while True:
+            publish_sys(self.broker, self.uptime(), time.time())
+            await trio.sleep(self.settings.sys_interval)
+
+
+async def _run_until_signal(settings: Settings) -> None:
+    node = Node(settings)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.serve)
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    log.info("received %s", signal.Signals(signum).name)
+                    node.request_shutdown()
+                    return
+
+            nursery.start_soon(watch_signals)
+            await node._shutdown.wait()
+
+
+def run_node(settings: Settings) -> int:
+    """Run a node until SIGINT/SIGTERM; 0 on a clean stop. Raises ConfigError for
+    settings that cannot work (e.g. a port in use)."""
+    try:
+        trio.run(_run_until_signal, settings)
+    except BaseExceptionGroup as group:
+        config_errors = [e for e in _flatten(group) if isinstance(e, ConfigError)]
+        if config_errors:
+            raise config_errors[0] from None
+        raise
+    return 0
+
+
+def _flatten(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for inner in exc.exceptions:
+            out.extend(_flatten(inner))
+        return out
+    return [exc]

@@ -1,0 +1,36 @@
+"""`$SYS/broker/...` topics: the broker's own numbers, published retained every
+`sys_interval` seconds (Mosquitto's names where they exist)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mesh import __version__
+
+if TYPE_CHECKING:
+    from mesh.broker import Broker
+
+
+def sys_values(broker: "Broker", uptime_s: float) -> list[tuple[str, str]]:
+    stats = broker.stats
+    return [
+        ("$SYS/broker/version", f"meshd {__version__}"),
+        ("$SYS/broker/node", broker.node_id),
+        ("$SYS/broker/uptime", f"{int(uptime_s)} seconds"),
+        ("$SYS/broker/clients/connected", str(broker.client_count())),
+        ("$SYS/broker/clients/total", str(len(broker.sessions))),
+        ("$SYS/broker/messages/received", str(sum(stats.messages_in))),
+        ("$SYS/broker/messages/sent", str(sum(stats.messages_out))),
+        ("$SYS/broker/messages/dropped", str(stats.dropped_queue_full + stats.dropped_slow_consumer)),
+        ("$SYS/broker/bytes/received", str(stats.bytes_in)),
+        ("$SYS/broker/bytes/sent", str(stats.bytes_out)),
+        ("$SYS/broker/subscriptions/count", str(broker.subscription_count())),
+        ("$SYS/broker/retained messages/count", str(len(broker.retained))),
+    ]
+
+
+def publish_sys(broker: "Broker", uptime_s: float, now: float) -> None:
+    from mesh.mqtt import EMPTY_PROPERTIES
+
+    for topic, value in sys_values(broker, uptime_s):
+        broker.publish(broker.make_message(topic, value.encode(), 0, True, EMPTY_PROPERTIES, None, now), now, internal=True)

@@ -1,0 +1,161 @@
+"""The session model: what the server keeps for a client between connections.
+
+Pure state and bookkeeping (no Trio, no sockets, no clock reads: time is passed in).
+The broker drives it; `session_store.store` persists it.
+
+A session holds, per MQTT 5 section 4.1:
+- its subscriptions (filter -> options),
+- QoS 1/2 messages sent to the client and not yet completely acknowledged
+  (`inflight`, keyed by packet id, in send order),
+- messages waiting for the client (`queue`: offline, or while the inflight window is full),
+- QoS 2 packet ids received from the client whose PUBREL is awaited (`qos2_in`),
+- the will message and the session expiry interval.
+
+Queue overflow policy (`max_queued_messages`): when the queue is full, a QoS 0 message
+is dropped first (the oldest queued QoS 0 one, else the new one if it is QoS 0);
+otherwise the oldest queued message is dropped to make room for the newest.  Every drop
+is counted in `Session.dropped`; the broker turns that into a metric and a log line.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+class Message:
+    """One application message as published; shared by every subscriber it goes to.
+
+    Treated as immutable once built.  `expires_at` is wall-clock seconds (so it survives
+    restarts); `properties` are the v5 properties forwarded to subscribers (no topic
+    alias, no subscription identifiers: those are per delivery).
+    """
+
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "expires_at", "publisher", "msg_id")
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        properties: Any,
+        expires_at: float | None = None,
+        publisher: str | None = None,
+        msg_id: int = 0,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.properties = properties
+        self.expires_at = expires_at
+        self.publisher = publisher
+        self.msg_id = msg_id
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def remaining_expiry(self, now: float) -> int | None:
+        """Seconds left for the Message Expiry Interval property, rounded up."""
+        if self.expires_at is None:
+            return None
+        left = self.expires_at - now
+        return max(1, int(left + 0.999))
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {len(self.payload)}B, qos={self.qos}, retain={self.retain})"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionOptions:
+    """What a SUBSCRIBE granted for one filter (filter kept as sent, `$share/...` included)."""
+
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+
+class Delivery:
+    """A message on its way to one session, with that session's view of it."""
+
+    __slots__ = ("message", "qos", "retain", "subscription_ids")
+
+    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+
+
+class InflightEntry:
+    """A QoS 1/2 message sent to the client: `state` is 'publish' (PUBACK/PUBREC
+    awaited) or 'pubrel' (PUBREL sent, PUBCOMP awaited)."""
+
+    __slots__ = ("delivery", "state")
+
+    def __init__(self, delivery: Delivery, state: str = "publish") -> None:
+        self.delivery = delivery
+        self.state = state
+
+
+@dataclass(slots=True)
+class Session:
+    client_id: str
+    persistent: bool
+    expiry_interval: int = 0
+    protocol_level: int = 4
+    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+    inflight: dict[int, InflightEntry] = field(default_factory=dict)
+    queue: deque[Delivery] = field(default_factory=deque)
+    qos2_in: set[int] = field(default_factory=set)
+    will: Any = None
+    disconnected_at: float | None = None
+    dropped: int = 0
+    _next_packet_id: int = 1
+
+    def allocate_packet_id(self) -> int:
+        """Next packet id in 1..65535 not in use by an inflight message."""
+        if len(self.inflight) >= 65535:
+            raise RuntimeError("no free packet identifier")
+        pid = self._next_packet_id
+        while pid in self.inflight:
+            pid = pid + 1 if pid < 65535 else 1
+        self._next_packet_id = pid + 1 if pid < 65535 else 1
+        return pid
+
+    def enqueue(self, delivery: Delivery, limit: int) -> Delivery | None:
+        """Queue a delivery under the overflow policy; return the one dropped, if any."""
+        if limit <= 0:
+            self.dropped += 1
+            return delivery
+        if len(self.queue) < limit:
+            self.queue.append(delivery)
+            return None
+        # Full: QoS 0 goes first.
+        if delivery.qos == 0:
+            self.dropped += 1
+            return delivery
+        for i, queued in enumerate(self.queue):
+            if queued.qos == 0:
+                del self.queue[i]
+                self.queue.append(delivery)
+                self.dropped += 1
+                return queued
+        dropped = self.queue.popleft()
+        self.queue.append(delivery)
+        self.dropped += 1
+        return dropped
+
+    def expires_at(self) -> float | None:
+        """Wall-clock time at which this (disconnected) session ends, None = never."""
+        if self.disconnected_at is None:
+            return None
+        if self.expiry_interval == NEVER_EXPIRES:
+            return None
+        return self.disconnected_at + self.expiry_interval

@@ -1,0 +1,260 @@
+"""Shared test helpers: a real node running in its own thread, and paho clients.
+
+The node runs its own `trio.run` in a thread, so tests can drive it with ordinary
+blocking clients (paho-mqtt, mosquitto_pub/sub, raw sockets) exactly as users do.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import trio
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+
+from mesh.config import load_settings
+from mesh.node import Node
+
+TIMEOUT = 10.0
+
+
+def node_settings(data_dir: str, **overrides: Any) -> Any:
+    flags: dict[str, object] = {
+        "node_id": "test-node",
+        "data_dir": data_dir,
+        "mqtt": "127.0.0.1:0",
+        "ws": "127.0.0.1:0",
+        "http": "off",
+        "gossip": "127.0.0.1:0",
+        "mdns": False,
+        "trace": False,
+        "sys_interval": 0,
+    }
+    flags.update({k: v for k, v in overrides.items()})
+    return load_settings(flags, env={})
+
+
+class RunningNode:
+    """A Node served by `trio.run` in a background thread."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.node: Node | None = None
+        self.ports: dict[str, int] = {}
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="meshd-test-node")
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # surfaced to the test by start()/stop()
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.node = Node(self.settings)
+        async with trio.open_nursery() as nursery:
+            self.ports = await nursery.start(self.node.serve)
+            self._ready.set()
+
+    def start(self) -> "RunningNode":
+        self._thread.start()
+        if not self._ready.wait(TIMEOUT):
+            raise TimeoutError("node did not start")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run a sync function in the node's thread (to inspect broker state safely)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def stop(self) -> None:
+        if self._token is not None and self._thread.is_alive():
+            try:
+                trio.from_thread.run_sync(self.node.request_shutdown, trio_token=self._token)  # type: ignore[union-attr]
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(TIMEOUT)
+        if self._error is not None and not isinstance(self._error, KeyboardInterrupt):
+            raise self._error
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.ports["mqtt"]
+
+
+class Client:
+    """A paho-mqtt client with blocking helpers and a queue of received messages."""
+
+    def __init__(
+        self,
+        client_id: str = "",
+        *,
+        version: int = 5,
+        transport: str = "tcp",
+        clean: bool = True,
+        userdata: Any = None,
+    ) -> None:
+        protocol = {5: mqtt.MQTTv5, 4: mqtt.MQTTv311, 3: mqtt.MQTTv31}[version]
+        kwargs: dict[str, Any] = {}
+        if version != 5:
+            kwargs["clean_session"] = clean
+        self.version = version
+        self.clean = clean
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, transport=transport, **kwargs)
+        if transport == "websockets":
+            self.c.ws_set_options(path="/mqtt")
+        self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        self.connack: queue.Queue[tuple[Any, Any, Any]] = queue.Queue()
+        self.subacks: queue.Queue[Any] = queue.Queue()
+        self.disconnects: queue.Queue[Any] = queue.Queue()
+        self.published: queue.Queue[Any] = queue.Queue()
+        self.c.on_connect = lambda c, u, flags, rc, props: self.connack.put((flags, rc, props))
+        self.c.on_message = lambda c, u, msg: self.messages.put(msg)
+        self.c.on_subscribe = lambda c, u, mid, rcs, props: self.subacks.put(rcs)
+        self.c.on_unsubscribe = lambda c, u, mid, rcs, props: self.subacks.put(rcs)
+        self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnects.put((rc, props))
+        self.c.on_publish = lambda c, u, mid, rc, props: self.published.put((mid, rc))
+
+    def connect(self, port: int, *, keepalive: int = 60, expiry: int | None = None, will: tuple | None = None, properties: dict | None = None, clean_start: bool | None = None, host: str = "127.0.0.1") -> Any:
+        props = None
+        if self.version == 5:
+            props = PahoProperties(PacketTypes.CONNECT)
+            if expiry is not None:
+                props.SessionExpiryInterval = expiry
+            for k, v in (properties or {}).items():
+                setattr(props, k, v)
+        if will is not None:
+            topic, payload, qos, retain, *rest = will
+            wprops = None
+            if rest and self.version == 5:
+                wprops = PahoProperties(PacketTypes.WILLMESSAGE)
+                for k, v in rest[0].items():
+                    setattr(wprops, k, v)
+            self.c.will_set(topic, payload, qos, retain, properties=wprops)
+        kwargs: dict[str, Any] = {}
+        if self.version == 5:
+            kwargs["clean_start"] = self.clean if clean_start is None else clean_start
+            kwargs["properties"] = props
+        self.c.connect(host, port, keepalive, **kwargs)
+        self.c.loop_start()
+        flags, rc, props = self.connack.get(timeout=TIMEOUT)
+        if rc.is_failure:
+            raise ConnectionError(f"CONNACK {rc}")
+        return flags, rc, props
+
+    def subscribe(self, topic: str, qos: int = 0, **options: Any) -> Any:
+        if self.version == 5:
+            from paho.mqtt.subscribeoptions import SubscribeOptions
+
+            sub_id = options.pop("sub_id", None)
+            props = None
+            if sub_id is not None:
+                props = PahoProperties(PacketTypes.SUBSCRIBE)
+                props.SubscriptionIdentifier = sub_id
+            self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **options), properties=props)
+        else:
+            self.c.subscribe(topic, qos)
+        return self.subacks.get(timeout=TIMEOUT)
+
+    def unsubscribe(self, topic: str) -> Any:
+        self.c.unsubscribe(topic)
+        return self.subacks.get(timeout=TIMEOUT)
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 0, retain: bool = False, properties: dict | None = None, wait: bool = True) -> Any:
+        props = None
+        if properties and self.version == 5:
+            props = PahoProperties(PacketTypes.PUBLISH)
+            for k, v in properties.items():
+                setattr(props, k, v)
+        info = self.c.publish(topic, payload, qos, retain, properties=props)
+        if wait and qos > 0:
+            info.wait_for_publish(TIMEOUT)
+            if not info.is_published():
+                raise TimeoutError(f"no ack for {topic}")
+        return info
+
+    def expect(self, n: int = 1, timeout: float = TIMEOUT) -> list[mqtt.MQTTMessage]:
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"expected {n} messages, got {len(out)}: {[m.topic for m in out]}")
+            try:
+                out.append(self.messages.get(timeout=left))
+            except queue.Empty:
+                continue
+        return out
+
+    def expect_none(self, wait: float = 0.3) -> None:
+        try:
+            msg = self.messages.get(timeout=wait)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected message on {msg.topic}: {msg.payload!r}")
+
+    def disconnect(self, properties: dict | None = None, reason: int | None = None) -> None:
+        kwargs: dict[str, Any] = {}
+        if self.version == 5:
+            if properties:
+                p = PahoProperties(PacketTypes.DISCONNECT)
+                for k, v in properties.items():
+                    setattr(p, k, v)
+                kwargs["properties"] = p
+            if reason is not None:
+                from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
+
+                kwargs["reasoncode"] = PahoReasonCode(PacketTypes.DISCONNECT, identifier=reason)
+        self.c.disconnect(**kwargs)
+        self.c.loop_stop()
+
+    def drop(self) -> None:
+        """Close the socket without DISCONNECT, as a crashed client would."""
+        self.c.loop_stop()
+        sock = self.c.socket()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mosquitto_available() -> bool:
+    return shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None
+
+
+def meshd_command() -> list[str]:
+    return [sys.executable, "-m", "mesh.cli"]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_cli(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    return subprocess.run(meshd_command() + args, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
