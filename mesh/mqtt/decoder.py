@@ -87,7 +87,8 @@ class Decoder:
     without one expects a CONNECT first and takes the level from it; a client-role
     decoder built without one expects a CONNACK first and tells 3.1.1 from 5 by its
     length. Given explicitly, the decoder accepts any packet from the start (useful to
-    decode the middle of a session).
+    decode the middle of a session). Once set, a later CONNECT is decoded with its own
+    level but does not change `protocol_level` (rejecting it is the broker's job).
 
     `max_packet_size` (settable at any time) bounds the whole packet, fixed header
     included, as MQTT 5's Maximum Packet Size does; a larger packet raises
@@ -299,12 +300,18 @@ class Decoder:
         name = r.utf8()
         level = r.u8()
         if PROTOCOL_NAMES.get(level) != name:
+            if self.protocol_level is not None:
+                # A CONNECT mid-session is a protocol error whatever it says
+                # [MQTT-3.1.0-2]; 0x84 is not a valid DISCONNECT reason.
+                raise ProtocolError(f"second CONNECT with protocol {name!r} level {level}")
             raise UnsupportedProtocolVersion(
                 f"protocol {name!r} level {level} is not MQTT 3.1, 3.1.1 or 5"
             )
-        # Known before the rest is checked, so a rejection can be answered in the
-        # client's own dialect.
-        self.protocol_level = level
+        if self.protocol_level is None:
+            # Set before the rest is checked, so that a rejection of this CONNECT can
+            # be answered in the client's own dialect. A later CONNECT (which the
+            # broker must reject) does not switch the session's level.
+            self.protocol_level = level
         flags = r.u8()
         if flags & 0x01:
             raise MalformedPacket("CONNECT reserved flag is set [MQTT-3.1.2-3]")
