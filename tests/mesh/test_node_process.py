@@ -1,0 +1,127 @@
+"""`meshd` as users run it: a real process, real signals, real exit codes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import Client, free_port, meshd_command, run_cli, subprocess_env
+
+
+def start_meshd(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        meshd_command() + [
+            "--data-dir", str(tmp_path / "data"), "--mqtt", f"127.0.0.1:{port}", "--ws", "off",
+            "--http", "off", "--gossip", "127.0.0.1:0", "--no-mdns", "--no-trace", *extra,
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(f"meshd exited early: {proc.stdout.read()}")
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("meshd did not start listening")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_disconnects_clients_with_0x8b_and_exits_0(tmp_path, signum):
+    proc, port = start_meshd(tmp_path)
+    try:
+        c = Client("victim", version=5)
+        c.connect(port)
+        t0 = time.monotonic()
+        proc.send_signal(signum)
+        rc, _ = c.disconnects.get(timeout=10)
+        assert rc.value == 0x8B
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - t0 < 6
+        output = proc.stdout.read()
+        assert "shutting down" in output and "stopped" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_node_id_is_stable_across_restarts(tmp_path):
+    ids = []
+    for _ in range(2):
+        proc, _ = start_meshd(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        m = re.search(r"node (\S+) \(meshd", proc.stdout.read())
+        assert m
+        ids.append(m.group(1))
+    assert ids[0] == ids[1]
+    assert (tmp_path / "data" / "node_id").read_text().strip() == ids[0]
+
+
+def test_port_in_use_is_refused_with_exit_2(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run_cli(["--data-dir", str(tmp_path), "--mqtt", f"127.0.0.1:{port}", "--ws", "off", "--http", "off", "--no-mdns"])
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == f"meshd: config error: mqtt: address 127.0.0.1:{port} is already in use"
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["--mqtt", "nonsense"], "mqtt"),
+        (["--max-inflight", "0"], "max_inflight"),
+        (["--log-level", "loud"], "log_level"),
+    ],
+)
+def test_bad_flags_name_the_key(tmp_path, args, key):
+    out = run_cli(["--data-dir", str(tmp_path)] + args)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"meshd: config error: {key}:")
+
+
+def test_unknown_toml_key_is_refused(tmp_path):
+    cfg = tmp_path / "meshd.toml"
+    cfg.write_text('mqtt = "127.0.0.1:0"\nmax_inflite = 3\n')
+    out = run_cli(["--config", str(cfg), "--data-dir", str(tmp_path)])
+    assert out.returncode == 2
+    assert "max_inflite" in out.stderr
+
+
+def test_run_subcommand_is_bare_meshd(tmp_path):
+    proc, port = start_meshd(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    port2 = free_port()
+    proc2 = subprocess.Popen(
+        meshd_command() + ["run", "--data-dir", str(tmp_path / "d2"), "--mqtt", f"127.0.0.1:{port2}",
+                           "--ws", "off", "--http", "off", "--no-mdns", "--no-trace"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port2), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        c = Client("r", version=4)
+        c.connect(port2)
+        c.disconnect()
+    finally:
+        proc2.send_signal(signal.SIGTERM)
+        assert proc2.wait(timeout=10) == 0
