@@ -1,0 +1,49 @@
+"""Session bookkeeping: packet ids, the queue overflow policy, expiry."""
+
+from __future__ import annotations
+
+from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session
+
+
+def delivery(qos: int, n: int) -> Delivery:
+    return Delivery(Message(f"t/{n}", b"", qos, False, None), qos, False, ())
+
+
+def test_packet_ids_skip_inflight_and_wrap():
+    s = Session("c", persistent=True)
+    s._next_packet_id = 65534
+    s.inflight[65535] = InflightEntry(delivery(1, 0))
+    s.inflight[1] = InflightEntry(delivery(1, 0))
+    assert s.allocate_packet_id() == 65534
+    assert s.allocate_packet_id() == 2
+
+
+def test_overflow_drops_qos0_first_then_oldest():
+    s = Session("c", persistent=True)
+    assert s.enqueue(delivery(1, 1), 3) is None
+    assert s.enqueue(delivery(0, 2), 3) is None
+    assert s.enqueue(delivery(1, 3), 3) is None
+    dropped = s.enqueue(delivery(1, 4), 3)
+    assert dropped.message.topic == "t/2"  # the queued QoS 0 goes first
+    dropped = s.enqueue(delivery(0, 5), 3)
+    assert dropped.message.topic == "t/5"  # a new QoS 0 into a full queue is dropped
+    dropped = s.enqueue(delivery(2, 6), 3)
+    assert dropped.message.topic == "t/1"  # then the oldest
+    assert [d.message.topic for d in s.queue] == ["t/3", "t/4", "t/6"]
+    assert s.dropped == 3
+
+
+def test_expiry_from_disconnect_time():
+    s = Session("c", persistent=True, expiry_interval=10)
+    assert s.expires_at() is None  # connected
+    s.disconnected_at = 100.0
+    assert s.expires_at() == 110.0
+    s.expiry_interval = NEVER_EXPIRES
+    assert s.expires_at() is None
+
+
+def test_message_remaining_expiry_rounds_up():
+    m = Message("t", b"", 1, False, None, expires_at=105.2)
+    assert m.remaining_expiry(100.0) == 6
+    assert not m.expired(105.0)
+    assert m.expired(105.2)
