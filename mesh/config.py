@@ -147,10 +147,10 @@ class Str(Kind):
         return self.pattern_help or "text"
 
     def parse(self, key: str, raw: object) -> Any:
+        if self.optional and (raw is None or raw == ""):
+            return None
         if not isinstance(raw, str):
             raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
-        if self.optional and raw == "":
-            return None
         if self.choices:
             value = raw.strip().lower()
             if value not in self.choices:
@@ -267,6 +267,8 @@ class Addr(Kind):
                 return None
             if isinstance(raw, str) and raw.strip().lower() in ("off", "none", "disabled", ""):
                 return None
+        if isinstance(raw, HostPort):  # already parsed (tests, programmatic callers)
+            return parse_host_port(key, str(raw))
         if not isinstance(raw, str):
             raise ConfigError(key, f"bad address {raw!r} (expected {self.expected})")
         return parse_host_port(key, raw)

@@ -16,7 +16,10 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Self, Sequence
+
+if TYPE_CHECKING:
+    from mesh.http_api import Router
 
 __all__ = ["Metrics", "Counter", "Gauge", "CONTENT_TYPE", "add_metrics_route"]
 
@@ -85,7 +88,7 @@ class _Metric:
         self.value: float = 0
         self._children: dict[LabelValues, _Metric] = {}
 
-    def labels(self, *values: str, **kv: str):  # type: ignore[no-untyped-def]
+    def labels(self, *values: str, **kv: str) -> Self:
         """The child for these label values (cached: keep it and call it directly)."""
         if not self.labelnames:
             raise ValueError(f"{self.name} has no labels")
@@ -105,7 +108,7 @@ class _Metric:
         if child is None:
             child = self._child_type(self.name, self.help, self.labelnames, key)
             self._children[key] = child
-        return child
+        return child  # type: ignore[return-value]
 
     def remove(self, **kv: str) -> None:
         """Forget one child (e.g. a departed peer), so it is no longer rendered."""
@@ -293,7 +296,7 @@ class Metrics:
         return "\n".join(lines) + "\n" if lines else ""
 
 
-def add_metrics_route(router, metrics: Metrics, path: str = "/metrics") -> None:  # type: ignore[no-untyped-def]
+def add_metrics_route(router: Router, metrics: Metrics, path: str = "/metrics") -> None:
     """Serve `metrics.render()` at GET `path` on an `mesh.http_api.Router`."""
     from mesh.http_api import Request, Response
 

@@ -359,3 +359,24 @@ def test_node_id_unwritable_data_dir(tmp_path) -> None:
     with pytest.raises(ConfigError) as e:
         resolve_node_id(load_settings({"data_dir": str(blocker / "sub")}, env={}))
     assert e.value.key == "data_dir"
+
+
+def test_programmatic_flags_accept_native_values() -> None:
+    # Callers building Settings in code (tests, embedding) pass typed values.
+    s = load_settings(
+        {
+            "node_id": None,
+            "mqtt": HostPort("127.0.0.1", 0),
+            "ws": None,
+            "seed": [HostPort("10.0.0.2", 7946)],
+            "mdns": False,
+            "max_inflight": 5,
+            "sys_interval": 0,
+        },
+        env={},
+    )
+    assert s.node_id is None and s.mqtt == HostPort("127.0.0.1", 0) and s.ws is None
+    assert s.seed == (HostPort("10.0.0.2", 7946),) and s.mdns is False
+    assert s.max_inflight == 5 and s.sys_interval == 0.0 and isinstance(s.sys_interval, float)
+    with pytest.raises(ConfigError):
+        load_settings({"max_inflight": 5.5}, env={})
