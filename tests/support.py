@@ -34,7 +34,7 @@ def node_settings(data_dir: str, **overrides: Any) -> Any:
         "data_dir": data_dir,
         "mqtt": "127.0.0.1:0",
         "ws": "127.0.0.1:0",
-        "http": "off",
+        "http": "127.0.0.1:0",
         "gossip": "127.0.0.1:0",
         "mdns": False,
         "trace": False,

@@ -1,0 +1,41 @@
+"""The node's HTTP API: `GET /api/v1/status` and `GET /metrics` (Prometheus text)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mesh import __version__
+from mesh.http_api import Request, Response, Router, json_response
+from mesh.metrics import add_metrics_route
+from mesh.node_metrics import node_metrics
+
+if TYPE_CHECKING:
+    from mesh.node import Node
+
+
+def build_router(node: "Node") -> Router:
+    router = Router()
+    metrics = node_metrics(node)
+
+    async def status(request: Request) -> Response:
+        s = node.settings
+        listeners = {
+            name: {"address": f"{getattr(s, name).host}:{port}"}
+            for name, port in node.ports.items()
+        }
+        if "ws" in listeners:
+            listeners["ws"]["path"] = s.ws_path
+        return json_response({
+            "node_id": node.node_id,
+            "version": __version__,
+            "uptime_s": round(node.uptime(), 3),
+            "connected_clients": node.broker.client_count(),
+            "sessions": len(node.broker.sessions),
+            "subscriptions": node.broker.subscription_count(),
+            "retained_messages": len(node.broker.retained),
+            "listeners": listeners,
+        })
+
+    router.add("GET", "/api/v1/status", status)
+    add_metrics_route(router, metrics)
+    return router
