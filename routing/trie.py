@@ -116,47 +116,51 @@ class TopicTrie(Generic[V]):
         levels = topic.split("/")
         n = len(levels)
         root = self._root
-        # The $ rule: skip the root's wildcard children for $-topics.
+        # The $ rule: the root's wildcard children are skipped for $-topics.
         dollar = topic[:1] == "$"
-        # Stack of (node, index of the next level to match).
-        stack: list[tuple[_Node, int]] = [(root, 0)]
-        pop = stack.pop
-        push = stack.append
-        while stack:
-            node, i = pop()
+        # Follow the literal child inline; only `+` branches go on the stack,
+        # which is created lazily, so a wildcard-free walk allocates nothing.
+        stack: list[tuple[_Node, int]] | None = None
+        node = root
+        i = 0
+        while True:
             children = node.children
-            if not children:
-                continue
-            wild = not (dollar and node is root)
-            if wild:
-                hash_node = children.get("#")
-                # `#` matches this level and all below, incl. the parent (i == n).
-                if hash_node is not None and hash_node.values:
-                    out.extend(hash_node.values)
-            if i == n:
-                continue
-            j = i + 1
-            child = children.get(levels[i])
-            if child is not None:
-                if j == n:
-                    if child.values:
-                        out.extend(child.values)
-                    if child.children:
-                        # Only a trailing `#` below can still match (`a/#` vs `a`).
-                        push((child, j))
-                else:
-                    push((child, j))
-            if wild:
-                plus = children.get("+")
-                if plus is not None:
-                    if j == n:
-                        if plus.values:
-                            out.extend(plus.values)
-                        if plus.children:
-                            push((plus, j))
-                    else:
-                        push((plus, j))
-        return out
+            if children:
+                plus = None
+                if not (dollar and node is root):
+                    hash_node = children.get("#")
+                    # `#` matches this level and all below, incl. the parent (i == n).
+                    if hash_node is not None and hash_node.values:
+                        out.extend(hash_node.values)
+                    if i < n:
+                        plus = children.get("+")
+                if i < n:
+                    j = i + 1
+                    if plus is not None:
+                        if j == n:
+                            if plus.values:
+                                out.extend(plus.values)
+                            if plus.children:  # only a trailing `#` can still match
+                                if stack is None:
+                                    stack = []
+                                stack.append((plus, j))
+                        else:
+                            if stack is None:
+                                stack = []
+                            stack.append((plus, j))
+                    child = children.get(levels[i])
+                    if child is not None:
+                        if j < n:
+                            node, i = child, j
+                            continue
+                        if child.values:
+                            out.extend(child.values)
+                        if child.children:  # `a/#` matches `a`
+                            node, i = child, j
+                            continue
+            if not stack:
+                return out
+            node, i = stack.pop()
 
     def match_filters(self, topic: str) -> list[tuple[str, set[V]]]:
         """Each matching filter with its values (a copy of the set)."""
