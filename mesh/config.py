@@ -22,7 +22,7 @@ import secrets
 import socket
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 __all__ = [
     "ConfigError",
@@ -36,6 +36,7 @@ __all__ = [
     "resolve_node_id",
     "add_setting_arguments",
     "flags_from_namespace",
+    "describe_settings",
 ]
 
 ENV_PREFIX = "MESHD_"
@@ -603,7 +604,3 @@ def describe_settings(settings: Settings) -> list[str]:
         shown = ("***" if value is not None else "none") if s.secret else s.kind.render(value)
         lines.append(f"{s.name} = {shown}")
     return lines
-
-
-def setting_names() -> Sequence[str]:
-    return tuple(SETTINGS_BY_NAME)

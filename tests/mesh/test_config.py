@@ -380,3 +380,12 @@ def test_programmatic_flags_accept_native_values() -> None:
     assert s.max_inflight == 5 and s.sys_interval == 0.0 and isinstance(s.sys_interval, float)
     with pytest.raises(ConfigError):
         load_settings({"max_inflight": 5.5}, env={})
+
+
+def test_describe_settings_masks_secret() -> None:
+    from mesh.config import describe_settings
+
+    lines = describe_settings(load_settings({"cluster_key": "s3cret", "mqtt": "off", "seed": ["a:1"]}, env={}))
+    assert "cluster_key = ***" in lines and "mqtt = off" in lines and "seed = a:1" in lines
+    assert not any("s3cret" in line for line in lines)
+    assert len(lines) == len(SETTINGS)
