@@ -67,6 +67,11 @@ def _props(props: Properties, kind: str) -> bytes:
     return encode_properties(props, kind)
 
 
+def _no_props(props: Properties) -> bool:
+    # A fresh Properties() means the same as the shared EMPTY_PROPERTIES.
+    return props is EMPTY_PROPERTIES or props == EMPTY_PROPERTIES
+
+
 def _check_reason(code: int, allowed: frozenset[int], kind: str) -> None:
     if code not in allowed:
         raise LocalProtocolError(f"reason code {code!r} is not valid in {kind}", code)
@@ -198,7 +203,7 @@ def _encode_ack(first: int, kind: str, allowed: frozenset[int]) -> Callable[[Pac
             return bytes((first, 2)) + pid
         code = p.reason_code
         _check_reason(code, allowed, kind)
-        if p.properties is EMPTY_PROPERTIES:
+        if _no_props(p.properties):
             # [MQTT-3.4.2.1] the reason code may be left out when it is 0 and there are
             # no properties
             if code == 0:
@@ -281,7 +286,7 @@ def _encode_disconnect(p: Disconnect, level: int) -> bytes:
     if level < 5:
         return _DISCONNECT_BARE
     _check_reason(p.reason_code, DISCONNECT_REASONS, "DISCONNECT")
-    if p.properties is EMPTY_PROPERTIES:
+    if _no_props(p.properties):
         if p.reason_code == 0:
             return _DISCONNECT_BARE
         return bytes((0xE0, 1, p.reason_code))
@@ -292,7 +297,7 @@ def _encode_auth(p: Auth, level: int) -> bytes:
     if level < 5:
         raise LocalProtocolError("AUTH exists only in MQTT 5")
     _check_reason(p.reason_code, AUTH_REASONS, "AUTH")
-    if p.properties is EMPTY_PROPERTIES and p.reason_code == 0:
+    if _no_props(p.properties) and p.reason_code == 0:
         return _AUTH_BARE
     return _packet(0xF0, bytes((p.reason_code,)) + _props(p.properties, "AUTH"))
 
