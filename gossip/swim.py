@@ -1,0 +1,760 @@
+"""SWIM + Lifeguard membership as a sans-I/O state machine.
+
+Shaped like aioquic's connection: the driver feeds datagrams with ``receive(data,
+addr, now)``, collects ``datagrams_to_send(now)``, sleeps until ``next_timer()`` and
+calls ``handle_timer(now)``.  Push-pull over TCP goes the same way:
+``push_pull_requests()`` lists frames to deliver, ``handle_push_pull(frame, now)``
+answers one, ``receive_push_pull_reply(frame, now)`` merges the answer.  No sockets,
+no clock reads, randomness from the injected ``random.Random``: the real Trio driver
+and the discrete-event simulator run this exact code.
+
+Semantics follow hashicorp/memberlist (state.go, suspicion.go, awareness.go), with
+``now`` passed in instead of read.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from . import wire
+from .broadcasts import TransmitLimitedQueue
+from .config import LAN, GossipConfig
+from .events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
+from .formulas import push_pull_scale, remaining_suspicion_time, retransmit_limit, scale_timeout, suspicion_bounds
+
+Addr = tuple[str, int]
+PushPullProvider = tuple[Callable[[], object], Callable[[object], None]]
+
+# timer kinds
+_T_PROBE = 0
+_T_DIRECT = 1
+_T_GOSSIP = 2
+_T_PUSH_PULL = 3
+_T_SUSPECT = 4
+_T_NACK = 5
+_T_RELAY_EXPIRE = 6
+_T_REAP = 7
+_T_REJOIN = 8
+
+
+@dataclass(slots=True)
+class Member:
+    id: str
+    addr: Addr
+    state: str
+    incarnation: int
+    state_change: float  # monotonic `now` of the last state change
+    state_change_us: int  # the same instant on the trace clock
+
+
+@dataclass(slots=True)
+class _Suspicion:
+    incarnation: int
+    start: float
+    lo: float
+    hi: float
+    k: int
+    confirmations: set[str]
+    token: int
+    accuser: str
+    accused_ts_us: int
+    deadline: float = 0.0
+
+
+@dataclass(slots=True)
+class _Probe:
+    seq: int
+    target: str
+    start: float
+    health_at_start: int
+    acked: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
+
+
+@dataclass(slots=True)
+class _Relay:
+    requester: Addr
+    requester_seq: int
+    want_nack: bool
+    done: bool = False
+
+
+@dataclass
+class Stats:
+    packets_sent: int = 0
+    bytes_sent: int = 0
+    packets_received: int = 0
+    bytes_received: int = 0
+    malformed: int = 0
+    bad_version: int = 0
+    unknown_type: int = 0
+    refutations: int = 0
+    probes: int = 0
+    probe_failures: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+class Swim:
+    """One member's SWIM + Lifeguard state."""
+
+    def __init__(
+        self,
+        node_id: str,
+        addr: Addr,
+        *,
+        now: float,
+        rng: random.Random,
+        config: GossipConfig = LAN,
+        cluster_name: str = "meshd",
+        incarnation: int = 0,
+        clock_offset: float = 0.0,
+        packet_limit: int | None = None,
+        push_pull_providers: dict[str, PushPullProvider] | None = None,
+    ) -> None:
+        self.id = node_id
+        self.addr = (addr[0], int(addr[1]))
+        self.config = config
+        self.cluster_name = cluster_name
+        self.rng = rng
+        # trace timestamps are (now + clock_offset) in µs: 0 in the simulator, the
+        # wall-minus-monotonic offset in a real node
+        self.clock_offset = clock_offset
+        self.packet_limit = packet_limit if packet_limit is not None else config.udp_buffer_size
+        self.push_pull_providers: dict[str, PushPullProvider] = push_pull_providers or {}
+        self.stats = Stats()
+        self.health = 0  # Lifeguard local health score, 0 .. awareness_max_multiplier-1
+        self.incarnation = incarnation
+        self.leaving = False
+        self.seeds: list[Addr] = []
+
+        self.members: dict[str, Member] = {}
+        self._others: list[str] = []  # ids except ours, for random picks
+        self._others_index: dict[str, int] = {}
+        self._probe_list: list[str] = []
+        self._probe_index = 0
+        self._probe: _Probe | None = None
+        self._relays: dict[int, _Relay] = {}
+        self._suspicions: dict[str, _Suspicion] = {}
+        self._seq = 0
+        self._timers: list[tuple[float, int, int, Any]] = []
+        self._timer_seq = 0
+        self._out: list[tuple[Addr, bytes]] = []
+        self._pp_out: list[tuple[Addr, bytes]] = []
+        self._events: list[Any] = []
+        self._queue = TransmitLimitedQueue()
+        self._encoder = wire.PacketEncoder(node_id)
+        self._user_seen: dict[tuple[str, str], tuple[int, int, str]] = {}
+        self._user_seq = 0
+
+        ts = self._ts(now)
+        self.members[node_id] = Member(node_id, self.addr, ALIVE, incarnation, now, ts)
+        self._queue_alive(node_id, incarnation, self.addr, node_id, ts, 0)
+        self._events.append(
+            MemberChanged(ts, node_id, self.addr, ALIVE, incarnation, node_id, ts, _eid(node_id, ALIVE, node_id, incarnation, ts), 0)
+        )
+        p = config.probe_interval
+        self._schedule(now + rng.uniform(0, p), _T_PROBE, None)
+        self._schedule(now + rng.uniform(0, config.gossip_interval), _T_GOSSIP, None)
+        self._schedule(now + config.push_pull_interval * (1 + rng.random()), _T_PUSH_PULL, None)
+
+    # ------------------------------------------------------------------ driver API
+
+    def datagrams_to_send(self, now: float) -> list[tuple[Addr, bytes]]:
+        out = self._out
+        if out:
+            self._out = []
+        return out
+
+    def push_pull_requests(self) -> list[tuple[Addr, bytes]]:
+        """Push-pull frames (un-length-prefixed bodies) to deliver over a stream."""
+        out = self._pp_out
+        if out:
+            self._pp_out = []
+        return out
+
+    def events(self) -> list[Any]:
+        out = self._events
+        if out:
+            self._events = []
+        return out
+
+    def next_timer(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def handle_timer(self, now: float) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, kind, arg = heapq.heappop(timers)
+            self._fire(kind, arg, now)
+
+    def join(self, addrs: Iterable[Addr], now: float, *, remember: bool = True) -> None:
+        """Join through seed addresses: a push-pull (full state exchange) with each."""
+        for addr in addrs:
+            addr = (addr[0], int(addr[1]))
+            if addr == self.addr:
+                continue
+            if remember and addr not in self.seeds:
+                self.seeds.append(addr)
+            self._pp_out.append((addr, self._push_pull_frame(join=True)))
+        if self.seeds and not any(t[2] == _T_REJOIN for t in self._timers):
+            self._schedule(now + self.config.rejoin_interval, _T_REJOIN, None)
+
+    def bootstrap(self, members: Iterable[tuple[str, Addr]], now: float) -> None:
+        """Start from an already converged view (simulator warm start): members alive at
+        incarnation 0, learned without gossip or traces."""
+        ts = self._ts(now)
+        mem, others, index = self.members, self._others, self._others_index
+        for node, addr in members:
+            if node not in mem:
+                mem[node] = Member(node, addr, ALIVE, 0, now, ts)
+                index[node] = len(others)
+                others.append(node)
+        self._probe_list = list(self._others)
+        self.rng.shuffle(self._probe_list)
+        self._probe_index = 0
+        # everyone already knows us: no need to announce
+        self._queue = TransmitLimitedQueue()
+
+    def leave(self, now: float) -> None:
+        """Graceful leave: tell everyone we left (dead about ourselves, from ourselves)."""
+        if self.leaving:
+            return
+        self.leaving = True
+        ts = self._ts(now)
+        me = self.members[self.id]
+        me.state, me.state_change, me.state_change_us = LEFT, now, ts
+        self._queue_dead(self.id, self.incarnation, self.id, ts, 0)
+        self._events.append(MemberChanged(ts, self.id, self.addr, LEFT, self.incarnation, self.id, ts, _eid(self.id, LEFT, self.id, self.incarnation, ts), 0))
+        self._gossip(now)
+
+    @property
+    def leave_sent(self) -> bool:
+        """The leave broadcast finished its retransmissions (or was sent and replaced)."""
+        return self.leaving and ("m", self.id) not in self._queue
+
+    def broadcast(self, kind: str, key: str, payload: object, now: float) -> str:
+        """Disseminate a user message; a newer one with the same (kind, key) wins."""
+        self._user_seq += 1
+        ts = self._ts(now)
+        event_id = f"{self.id}:{ts}:{self._user_seq}"
+        self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
+        msg = {"t": wire.USER, "kind": kind, "key": key, "o": self.id, "ots": ts, "s": self._user_seq, "id": event_id, "p": payload, "h": 0}
+        data = wire.encode_part(msg)
+        if len(data) + self._encoder.overhead > self.packet_limit:
+            raise ValueError(f"broadcast of {len(data)} bytes does not fit one packet")
+        self._queue.queue(("u", kind, key), data)
+        self._events.append(BroadcastReceived(ts, kind, key, self.id, ts, event_id, 0, payload, True))
+        return event_id
+
+    def note_loop_lag(self, lag: float, now: float) -> None:
+        """Lifeguard: our own event loop stalled for ``lag`` s; we are the unhealthy one."""
+        if not self.config.lifeguard or lag <= self.config.probe_timeout / 2:
+            return
+        steps = int(lag / self.config.probe_interval) + 1
+        self._health_delta(steps)
+
+    def members_view(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": m.id,
+                "address": f"{m.addr[0]}:{m.addr[1]}",
+                "state": m.state,
+                "incarnation": m.incarnation,
+                "last_change_ts_us": m.state_change_us,
+            }
+            for m in sorted(self.members.values(), key=lambda m: m.id)
+        ]
+
+    def num_members(self) -> int:
+        return len(self.members)
+
+    # ------------------------------------------------------------------ receive
+
+    def receive(self, data: bytes, addr: Addr, now: float) -> None:
+        self.stats.packets_received += 1
+        self.stats.bytes_received += len(data)
+        try:
+            sender, msgs = wire.decode_packet(data)
+        except wire.UnsupportedVersion:
+            self.stats.bad_version += 1
+            return
+        except wire.WireError:
+            self.stats.malformed += 1
+            return
+        for msg in msgs:
+            handler = _HANDLERS.get(msg["t"])
+            if handler is None:
+                self.stats.unknown_type += 1
+                continue
+            try:
+                handler(self, msg, sender, addr, now)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+                self.stats.malformed += 1
+
+    def _on_ping(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        if msg.get("target", self.id) != self.id:
+            return  # addressed to whoever had this address before us
+        self._send(addr, [wire.encode_part({"t": wire.ACK, "seq": int(msg["seq"])})])
+
+    def _on_ack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        seq = int(msg["seq"])
+        probe = self._probe
+        if probe is not None and probe.seq == seq:
+            if not probe.acked:
+                probe.acked = True
+                self._health_delta(-1)
+            return
+        relay = self._relays.get(seq)
+        if relay is not None and not relay.done:
+            relay.done = True
+            self._send(relay.requester, [wire.encode_part({"t": wire.ACK, "seq": relay.requester_seq})])
+
+    def _on_nack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        probe = self._probe
+        if probe is not None and probe.seq == int(msg["seq"]) and not probe.acked:
+            probe.nacks += 1
+
+    def _on_ping_req(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        target_addr = (str(msg["taddr"][0]), int(msg["taddr"][1]))
+        self._seq += 1
+        seq = self._seq
+        want_nack = bool(msg.get("nack")) and self.config.lifeguard
+        self._relays[seq] = _Relay(addr, int(msg["seq"]), want_nack)
+        self._send(target_addr, [wire.encode_part({"t": wire.PING, "seq": seq, "target": str(msg["target"])})])
+        if want_nack:
+            # 80 % of the probe timeout, so the nack reaches the requester before its
+            # probe interval ends and counts towards its health
+            self._schedule(now + self.config.probe_timeout * 0.8, _T_NACK, seq)
+        self._schedule(now + self.config.probe_interval, _T_RELAY_EXPIRE, seq)
+
+    def _on_alive(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        a = msg["addr"]
+        self._alive(str(msg["node"]), int(msg["inc"]), (str(a[0]), int(a[1])), str(msg.get("o", msg["node"])), int(msg["ots"]), int(msg["h"]) + 1, now)
+
+    def _on_suspect(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        self._suspect(str(msg["node"]), int(msg["inc"]), str(msg["by"]), int(msg["ots"]), int(msg["h"]) + 1, now)
+
+    def _on_dead(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        self._dead(str(msg["node"]), int(msg["inc"]), str(msg["by"]), int(msg["ots"]), int(msg["h"]) + 1, now)
+
+    def _on_user(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+        kind, key, origin = str(msg["kind"]), str(msg["key"]), str(msg["o"])
+        ots, seq = int(msg["ots"]), int(msg["s"])
+        version = (ots, seq, origin)
+        prev = self._user_seen.get((kind, key))
+        if prev is not None and version <= prev:
+            return  # duplicate or superseded
+        self._user_seen[(kind, key)] = version
+        hops = int(msg["h"]) + 1
+        fwd = dict(msg)
+        fwd["h"] = hops
+        self._queue.queue(("u", kind, key), wire.encode_part(fwd))
+        self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, str(msg["id"]), hops, msg.get("p"), False))
+
+    # ------------------------------------------------------------------ state changes
+
+    def _alive(self, node: str, inc: int, addr: Addr, origin: str, ots: int, hops: int, now: float, *, from_sync: bool = False) -> None:
+        if node == self.id:
+            if inc > self.incarnation and not self.leaving:
+                # someone holds a newer alive about us than we made: out-rank it
+                self._refute(inc, now)
+            return
+        m = self.members.get(node)
+        if m is None:
+            if self.leaving:
+                return
+            ts = self._ts(now)
+            m = Member(node, addr, ALIVE, inc, now, ts)
+            self.members[node] = m
+            self._add_other(node)
+            self._queue_alive(node, inc, addr, origin, ots, hops)
+            self._events.append(MemberChanged(ts, node, addr, ALIVE, inc, origin, ots, _eid(origin, ALIVE, node, inc, ots), hops))
+            return
+        # a dead or left member may come back at the same incarnation from a new address
+        readdressed = m.state in (DEAD, LEFT) and addr != m.addr
+        if inc <= m.incarnation and not readdressed:
+            return
+        self._suspicions.pop(node, None)
+        old = m.state
+        m.incarnation = inc
+        m.addr = addr
+        self._queue_alive(node, inc, addr, origin, ots, hops)
+        if old != ALIVE:
+            m.state, m.state_change = ALIVE, now
+            m.state_change_us = ts = self._ts(now)
+            self._events.append(MemberChanged(ts, node, addr, ALIVE, inc, origin, ots, _eid(origin, ALIVE, node, inc, ots), hops))
+
+    def _suspect(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
+        m = self.members.get(node)
+        if m is None or inc < m.incarnation:
+            return
+        if node == self.id:
+            if not self.leaving:
+                self._refute(inc, now)
+            return
+        if m.state == SUSPECT:
+            s = self._suspicions.get(node)
+            if s is not None and inc == s.incarnation and self._confirm(node, s, by, now):
+                # a new independent accuser: pass it on so others can confirm too
+                self._queue_suspect(node, inc, by, ots, hops, key_extra=by)
+            return
+        if m.state != ALIVE:
+            return
+        ts = self._ts(now)
+        m.state, m.incarnation, m.state_change, m.state_change_us = SUSPECT, inc, now, ts
+        self._queue_suspect(node, inc, by, ots, hops)
+        self._events.append(MemberChanged(ts, node, m.addr, SUSPECT, inc, by, ots, _eid(by, SUSPECT, node, inc, ots), hops))
+        n = len(self.members)
+        lo, hi = suspicion_bounds(self.config.suspicion_mult, self.config.suspicion_max_timeout_mult, n, self.config.probe_interval)
+        k = self.config.suspicion_mult - 2 if self.config.lifeguard else 0
+        if n - 2 < k or k < 0:
+            k = 0
+        if k == 0:
+            hi = lo
+        self._timer_seq += 1
+        s = _Suspicion(inc, now, lo, hi, k, {by}, self._timer_seq, by, ots)
+        s.deadline = now + remaining_suspicion_time(0, k, 0.0, lo, hi)
+        self._suspicions[node] = s
+        self._schedule(s.deadline, _T_SUSPECT, (node, s.token))
+
+    def _confirm(self, node: str, s: _Suspicion, by: str, now: float) -> bool:
+        if len(s.confirmations) - 1 >= s.k or by in s.confirmations:
+            return False
+        s.confirmations.add(by)
+        n = len(s.confirmations) - 1
+        s.deadline = s.start + remaining_suspicion_time(n, s.k, 0.0, s.lo, s.hi)
+        self._timer_seq += 1
+        s.token = self._timer_seq
+        self._schedule(max(now, s.deadline), _T_SUSPECT, (node, s.token))
+        return True
+
+    def _dead(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
+        m = self.members.get(node)
+        if m is None or inc < m.incarnation or m.state in (DEAD, LEFT):
+            return
+        if node == self.id:
+            if not self.leaving:
+                self._refute(inc, now)
+            return
+        state = LEFT if by == node else DEAD
+        self._suspicions.pop(node, None)
+        ts = self._ts(now)
+        m.state, m.incarnation, m.state_change, m.state_change_us = state, inc, now, ts
+        self._queue_dead(node, inc, by, ots, hops)
+        self._events.append(MemberChanged(ts, node, m.addr, state, inc, by, ots, _eid(by, state, node, inc, ots), hops))
+        self._schedule(now + self.config.dead_reclaim_time, _T_REAP, (node, now))
+
+    def _refute(self, accused_inc: int, now: float) -> None:
+        self.incarnation = max(self.incarnation + 1, accused_inc + 1)
+        me = self.members[self.id]
+        me.incarnation = self.incarnation
+        ts = self._ts(now)
+        self.stats.refutations += 1
+        self._queue_alive(self.id, self.incarnation, self.addr, self.id, ts, 0)
+        # being accused is a sign we are the slow one (Lifeguard)
+        self._health_delta(1)
+
+    def _health_delta(self, delta: int) -> None:
+        if not self.config.lifeguard:
+            return
+        self.health = min(max(self.health + delta, 0), self.config.awareness_max_multiplier - 1)
+
+    # ------------------------------------------------------------------ broadcasts
+
+    def _queue_alive(self, node: str, inc: int, addr: Addr, origin: str, ots: int, hops: int) -> None:
+        msg = {"t": wire.ALIVE, "node": node, "inc": inc, "addr": [addr[0], addr[1]], "o": origin, "ots": ots, "h": hops}
+        self._queue.queue(("m", node), wire.encode_part(msg))
+
+    def _suspect_part(self, node: str, inc: int, by: str, ots: int, hops: int) -> bytes:
+        return wire.encode_part({"t": wire.SUSPECT, "node": node, "inc": inc, "by": by, "ots": ots, "h": hops})
+
+    def _queue_suspect(self, node: str, inc: int, by: str, ots: int, hops: int, key_extra: str | None = None) -> None:
+        # confirmations ride under their own key so they do not displace the suspicion
+        key: tuple = ("m", node) if key_extra is None else ("c", node, key_extra)
+        self._queue.queue(key, self._suspect_part(node, inc, by, ots, hops))
+
+    def _queue_dead(self, node: str, inc: int, by: str, ots: int, hops: int) -> None:
+        msg = {"t": wire.DEAD, "node": node, "inc": inc, "by": by, "ots": ots, "h": hops}
+        self._queue.queue(("m", node), wire.encode_part(msg))
+
+    def _send(self, addr: Addr, parts: list[bytes]) -> None:
+        """Send ``parts`` plus as many queued broadcasts as fit in one packet."""
+        overhead = self._encoder.overhead + sum(len(p) for p in parts)
+        extra = self._queue.get(overhead, self.packet_limit, self._transmit_limit())
+        data = self._encoder.packet(parts + extra if extra else parts)
+        self.stats.packets_sent += 1
+        self.stats.bytes_sent += len(data)
+        self._out.append((addr, data))
+
+    def _transmit_limit(self) -> int:
+        return retransmit_limit(self.config.retransmit_mult, len(self.members))
+
+    # ------------------------------------------------------------------ timers
+
+    def _schedule(self, when: float, kind: int, arg: Any) -> None:
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, kind, arg))
+
+    def _fire(self, kind: int, arg: Any, now: float) -> None:
+        if kind == _T_PROBE:
+            self._probe_tick(now)
+        elif kind == _T_DIRECT:
+            self._direct_timeout(arg, now)
+        elif kind == _T_GOSSIP:
+            self._gossip(now)
+            self._schedule(now + self.config.gossip_interval, _T_GOSSIP, None)
+        elif kind == _T_SUSPECT:
+            node, token = arg
+            s = self._suspicions.get(node)
+            if s is not None and s.token == token:
+                m = self.members[node]
+                if m.state == SUSPECT and m.incarnation == s.incarnation:
+                    self._dead(node, s.incarnation, self.id, self._ts(now), 0, now)
+        elif kind == _T_NACK:
+            relay = self._relays.get(arg)
+            if relay is not None and not relay.done and relay.want_nack:
+                self._send(relay.requester, [wire.encode_part({"t": wire.NACK, "seq": relay.requester_seq})])
+        elif kind == _T_RELAY_EXPIRE:
+            self._relays.pop(arg, None)
+        elif kind == _T_PUSH_PULL:
+            self._periodic_push_pull(now)
+        elif kind == _T_REAP:
+            node, since = arg
+            m = self.members.get(node)
+            if m is not None and m.state in (DEAD, LEFT) and m.state_change == since:
+                del self.members[node]
+                self._remove_other(node)
+        elif kind == _T_REJOIN:
+            if not self.leaving and self.seeds:
+                if not any(m.state in (ALIVE, SUSPECT) for m in self._iter_others()):
+                    self.join(self.seeds, now, remember=False)
+                self._schedule(now + self.config.rejoin_interval, _T_REJOIN, None)
+
+    def _probe_tick(self, now: float) -> None:
+        probe = self._probe
+        if probe is not None and not probe.acked:
+            if self.health > probe.health_at_start:
+                # Lifeguard: we learned we are unhealthy since this probe began (e.g. our
+                # loop stalled); stretch its deadline before accusing anyone
+                deadline = probe.start + scale_timeout(self.config.probe_interval, self.health)
+                probe.health_at_start = self.health
+                if deadline > now:
+                    self._schedule(deadline, _T_PROBE, None)
+                    return
+            self._probe_failed(probe, now)
+        self._probe = None
+        if self.leaving:
+            return
+        target = self._next_probe_target()
+        interval = scale_timeout(self.config.probe_interval, self.health)
+        self._schedule(now + interval, _T_PROBE, None)
+        if target is None:
+            return
+        m = self.members[target]
+        self._seq += 1
+        self._probe = _Probe(self._seq, target, now, self.health)
+        self.stats.probes += 1
+        parts = [wire.encode_part({"t": wire.PING, "seq": self._seq, "target": target})]
+        if m.state == SUSPECT and self.config.lifeguard:
+            # buddy system: tell a suspect directly, so it refutes at once
+            s = self._suspicions.get(target)
+            if s is not None:
+                parts.append(self._suspect_part(target, s.incarnation, s.accuser, s.accused_ts_us, 0))
+        self._send(m.addr, parts)
+        self._schedule(now + self.config.probe_timeout, _T_DIRECT, self._seq)
+
+    def _direct_timeout(self, seq: int, now: float) -> None:
+        probe = self._probe
+        if probe is None or probe.seq != seq or probe.acked:
+            return
+        target = self.members.get(probe.target)
+        if target is None:
+            return
+        helpers = self._random_members(self.config.indirect_checks, exclude=probe.target, states=(ALIVE,))
+        want_nack = self.config.lifeguard
+        for hid in helpers:
+            h = self.members[hid]
+            part = wire.encode_part(
+                {"t": wire.PING_REQ, "seq": seq, "target": probe.target, "taddr": [target.addr[0], target.addr[1]], "nack": want_nack}
+            )
+            self._send(h.addr, [part])
+        if want_nack:
+            probe.expected_nacks = len(helpers)
+
+    def _probe_failed(self, probe: _Probe, now: float) -> None:
+        self.stats.probe_failures += 1
+        if probe.expected_nacks > 0:
+            # nacks prove the helpers are up: only missing nacks count against us
+            delta = max(0, probe.expected_nacks - probe.nacks)
+        else:
+            delta = 1
+        self._health_delta(delta)
+        m = self.members.get(probe.target)
+        if m is None or m.state not in (ALIVE, SUSPECT):
+            return
+        ts = self._ts(now)
+        self._events.append(ProbeFailed(ts, probe.target, probe.start))
+        self._suspect(probe.target, m.incarnation, self.id, ts, 0, now)
+
+    def _next_probe_target(self) -> str | None:
+        for _ in range(2):
+            while self._probe_index < len(self._probe_list):
+                node = self._probe_list[self._probe_index]
+                self._probe_index += 1
+                m = self.members.get(node)
+                if m is not None and m.state in (ALIVE, SUSPECT):
+                    return node
+            # one full round done: reshuffle (SWIM's randomized round robin)
+            self._probe_list = list(self._others)
+            self.rng.shuffle(self._probe_list)
+            self._probe_index = 0
+        return None
+
+    def _gossip(self, now: float) -> None:
+        if not len(self._queue):
+            return
+        dead_cutoff = now - self.config.gossip_to_the_dead_time
+        targets = self._random_members(self.config.gossip_nodes, exclude=None, states=(ALIVE, SUSPECT, DEAD), dead_after=dead_cutoff)
+        for node in targets:
+            if not len(self._queue):
+                break
+            self._send(self.members[node].addr, [])
+
+    def _random_members(self, k: int, *, exclude: str | None, states: tuple[str, ...], dead_after: float | None = None) -> list[str]:
+        others = self._others
+        n = len(others)
+        picked: list[str] = []
+        if n == 0 or k <= 0:
+            return picked
+        rnd = self.rng.random
+        for _ in range(3 * n if n < 3 * k else 3 * k + 10):
+            if len(picked) >= k:
+                break
+            node = others[int(rnd() * n)]
+            if node == exclude or node in picked:
+                continue
+            m = self.members[node]
+            if m.state not in states:
+                continue
+            if m.state == DEAD and (dead_after is None or m.state_change < dead_after):
+                continue
+            picked.append(node)
+        return picked
+
+    def _add_other(self, node: str) -> None:
+        self._others_index[node] = len(self._others)
+        self._others.append(node)
+        # a newcomer goes to a random place in the current probe round
+        pos = self.rng.randint(self._probe_index, len(self._probe_list))
+        self._probe_list.insert(pos, node)
+
+    def _remove_other(self, node: str) -> None:
+        i = self._others_index.pop(node)
+        last = self._others.pop()
+        if last != node:
+            self._others[i] = last
+            self._others_index[last] = i
+
+    def _iter_others(self) -> Iterable[Member]:
+        return (self.members[n] for n in self._others)
+
+    # ------------------------------------------------------------------ push-pull
+
+    def _periodic_push_pull(self, now: float) -> None:
+        n = len(self.members)
+        self._schedule(now + push_pull_scale(self.config.push_pull_interval, n), _T_PUSH_PULL, None)
+        if self.leaving:
+            return
+        picked = self._random_members(1, exclude=None, states=(ALIVE,))
+        if picked:
+            self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(join=False)))
+
+    def _push_pull_frame(self, *, join: bool, reply: bool = False) -> bytes:
+        members = [
+            [m.id, m.addr[0], m.addr[1], m.state, m.incarnation, m.state_change_us]
+            for m in self.members.values()
+        ]
+        user = {name: get() for name, (get, _merge) in self.push_pull_providers.items()}
+        return wire.encode_frame_body(
+            wire.PUSH_PULL, self.id, {"cluster": self.cluster_name, "join": join, "reply": reply, "members": members, "user": user}
+        )
+
+    def handle_push_pull(self, body: bytes, now: float) -> bytes | None:
+        """Answer an incoming push-pull frame with our own state (None: refused)."""
+        env = self._decode_push_pull(body)
+        if env is None:
+            return None
+        reply = self._push_pull_frame(join=False, reply=True)
+        self._merge(env, now)
+        return reply
+
+    def receive_push_pull_reply(self, body: bytes, now: float) -> None:
+        env = self._decode_push_pull(body)
+        if env is not None:
+            self._merge(env, now)
+
+    def _decode_push_pull(self, body: bytes) -> dict | None:
+        try:
+            env = wire.decode_frame_body(body)
+        except wire.UnsupportedVersion:
+            self.stats.bad_version += 1
+            return None
+        except wire.WireError:
+            self.stats.malformed += 1
+            return None
+        if env["t"] != wire.PUSH_PULL or env.get("cluster") != self.cluster_name or not isinstance(env.get("members"), list):
+            self.stats.malformed += 1
+            return None
+        return env
+
+    def _merge(self, env: dict, now: float) -> None:
+        sender = env["from"]
+        for entry in env["members"]:
+            try:
+                node, host, port, state, inc, changed_us = entry
+                addr = (str(host), int(port))
+                inc = int(inc)
+                changed_us = int(changed_us)
+            except (TypeError, ValueError):
+                self.stats.malformed += 1
+                continue
+            origin = node if state == ALIVE else sender
+            if state == ALIVE:
+                self._alive(node, inc, addr, origin, changed_us, 1, now)
+            elif state == LEFT:
+                self._dead(node, inc, node, changed_us, 1, now)
+            elif state in (SUSPECT, DEAD):
+                # memberlist: another node's "dead" is only grounds for our suspicion
+                if node not in self.members and state == SUSPECT:
+                    self._alive(node, inc, addr, node, changed_us, 1, now)
+                self._suspect(node, inc, sender, changed_us, 1, now)
+        user = env.get("user")
+        if isinstance(user, dict):
+            for name, (_get, merge) in self.push_pull_providers.items():
+                if name in user:
+                    merge(user[name])
+
+    # ------------------------------------------------------------------ misc
+
+    def _ts(self, now: float) -> int:
+        return int(round((now + self.clock_offset) * 1_000_000))
+
+
+def _eid(origin: str, state: str, node: str, inc: int, ots: int) -> str:
+    return f"{origin}:{state}:{node}:{inc}:{ots}"
+
+
+_HANDLERS: dict[str, Callable[[Swim, dict, str, Addr, float], None]] = {
+    wire.PING: Swim._on_ping,
+    wire.ACK: Swim._on_ack,
+    wire.NACK: Swim._on_nack,
+    wire.PING_REQ: Swim._on_ping_req,
+    wire.ALIVE: Swim._on_alive,
+    wire.SUSPECT: Swim._on_suspect,
+    wire.DEAD: Swim._on_dead,
+    wire.USER: Swim._on_user,
+}

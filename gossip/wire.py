@@ -1,0 +1,128 @@
+"""The gossip wire format: one versioned CBOR envelope, compound UDP packets.
+
+A UDP packet is ``{"v": 1, "t": "compound", "from": <node id>, "m": [msg, ...]}``
+where each ``msg`` is a map with its own ``"t"``.  Single messages in the plain
+envelope form ``{"v": 1, "t": <type>, "from": ..., ...}`` are accepted too.  Packets
+are assembled from pre-encoded parts, so a broadcast is CBOR-encoded once however
+often it is retransmitted, and the packet size is known exactly before sending.
+TCP (push-pull) frames are one envelope behind a 4-byte big-endian length.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import cbor2
+
+VERSION = 1
+MAX_FRAME = 8 * 1024 * 1024
+
+# message types
+PING = "ping"
+ACK = "ack"
+NACK = "nack"
+PING_REQ = "ping_req"
+ALIVE = "alive"
+SUSPECT = "suspect"
+DEAD = "dead"
+USER = "user"
+PUSH_PULL = "push_pull"
+COMPOUND = "compound"
+
+
+class WireError(Exception):
+    """A packet or frame we must drop (counted by the caller, never fatal)."""
+
+
+class MalformedPacket(WireError):
+    pass
+
+
+class UnsupportedVersion(WireError):
+    pass
+
+
+def encode_part(msg: dict[str, Any]) -> bytes:
+    return cbor2.dumps(msg)
+
+
+def _array_header(n: int) -> bytes:
+    if n < 24:
+        return bytes((0x80 + n,))
+    if n < 256:
+        return bytes((0x98, n))
+    return b"\x99" + struct.pack(">H", n)
+
+
+class PacketEncoder:
+    """Builds compound packets for one sender from pre-encoded parts."""
+
+    # array header of up to 65535 parts is at most 3 bytes
+    HEADER_SLACK = 3
+
+    def __init__(self, sender: str) -> None:
+        self.prefix = (
+            b"\xa4"
+            + cbor2.dumps("v") + cbor2.dumps(VERSION)
+            + cbor2.dumps("t") + cbor2.dumps(COMPOUND)
+            + cbor2.dumps("from") + cbor2.dumps(sender)
+            + cbor2.dumps("m")
+        )
+        self.overhead = len(self.prefix) + self.HEADER_SLACK
+
+    def packet(self, parts: list[bytes]) -> bytes:
+        return self.prefix + _array_header(len(parts)) + b"".join(parts)
+
+
+def decode_packet(data: bytes) -> tuple[str, list[dict[str, Any]]]:
+    """Return (sender, messages) or raise WireError."""
+    env = _decode_envelope(data)
+    sender = env["from"]
+    if env["t"] == COMPOUND:
+        parts = env.get("m")
+        if not isinstance(parts, list):
+            raise MalformedPacket("compound without message list")
+        for part in parts:
+            if not isinstance(part, dict) or not isinstance(part.get("t"), str):
+                raise MalformedPacket("compound part is not a typed map")
+        return sender, parts
+    return sender, [env]
+
+
+def _decode_envelope(data: bytes) -> dict[str, Any]:
+    try:
+        env = cbor2.loads(data)
+    except Exception as exc:  # cbor2 raises several types on hostile input
+        raise MalformedPacket(f"not CBOR: {exc}") from None
+    if not isinstance(env, dict):
+        raise MalformedPacket("envelope is not a map")
+    if env.get("v") != VERSION:
+        raise UnsupportedVersion(f"version {env.get('v')!r}")
+    if not isinstance(env.get("t"), str) or not isinstance(env.get("from"), str):
+        raise MalformedPacket("envelope lacks t or from")
+    return env
+
+
+def encode_frame_body(msg_type: str, sender: str, fields: dict[str, Any]) -> bytes:
+    env = {"v": VERSION, "t": msg_type, "from": sender}
+    env.update(fields)
+    return cbor2.dumps(env)
+
+
+def decode_frame_body(data: bytes) -> dict[str, Any]:
+    return _decode_envelope(data)
+
+
+def frame(body: bytes) -> bytes:
+    """Length-prefix one (possibly encrypted) frame body for a TCP stream."""
+    if len(body) > MAX_FRAME:
+        raise WireError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    return struct.pack(">I", len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    (n,) = struct.unpack(">I", header)
+    if n > MAX_FRAME:
+        raise MalformedPacket(f"frame of {n} bytes exceeds {MAX_FRAME}")
+    return n

@@ -1,0 +1,476 @@
+"""The SWIM + Lifeguard state machine, driven with explicit time."""
+
+from __future__ import annotations
+
+import random
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gossip import wire
+from gossip.config import LAN
+from gossip.events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged
+from gossip.formulas import retransmit_limit, suspicion_bounds
+from gossip.swim import Swim
+
+from .helpers import Cluster, addr_of, packet
+
+CFG = LAN.with_(push_pull_interval=1000.0)  # keep push-pull out of the way unless tested
+
+
+def lone(name: str = "a", **kw) -> Swim:
+    sw = Swim(name, addr_of(name), now=0.0, rng=random.Random(1), config=kw.pop("config", CFG), **kw)
+    sw.bootstrap([("b", addr_of("b")), ("c", addr_of("c")), ("d", addr_of("d"))], 0.0)
+    sw.events()
+    return sw
+
+
+def alive(node: str, inc: int) -> dict:
+    return {"t": "alive", "node": node, "inc": inc, "addr": list(addr_of(node)), "o": node, "ots": 1, "h": 0}
+
+
+def suspect(node: str, inc: int, by: str = "c") -> dict:
+    return {"t": "suspect", "node": node, "inc": inc, "by": by, "ots": 1, "h": 0}
+
+
+def dead(node: str, inc: int, by: str = "c") -> dict:
+    return {"t": "dead", "node": node, "inc": inc, "by": by, "ots": 1, "h": 0}
+
+
+def feed(sw: Swim, *msgs: dict, now: float = 0.1, sender: str = "c") -> None:
+    sw.receive(packet(sender, *msgs), addr_of(sender), now)
+
+
+# ---------------------------------------------------------------- precedence
+
+@pytest.mark.parametrize(
+    "first, second, expected_state, expected_inc",
+    [
+        # alive(i) overrides suspect(j) iff i > j
+        (suspect("b", 2), alive("b", 3), ALIVE, 3),
+        (suspect("b", 2), alive("b", 2), SUSPECT, 2),
+        (suspect("b", 2), alive("b", 1), SUSPECT, 2),
+        # suspect(i) overrides alive(j) iff i >= j
+        (alive("b", 2), suspect("b", 2), SUSPECT, 2),
+        (alive("b", 2), suspect("b", 3), SUSPECT, 3),
+        (alive("b", 2), suspect("b", 1), ALIVE, 2),
+        # alive(i) overrides alive(j) iff i > j (state stays alive, incarnation moves)
+        (alive("b", 2), alive("b", 5), ALIVE, 5),
+        (alive("b", 5), alive("b", 2), ALIVE, 5),
+        # dead wins over alive and suspect of the same or older incarnation
+        (alive("b", 2), dead("b", 2), DEAD, 2),
+        (suspect("b", 2), dead("b", 2), DEAD, 2),
+        (alive("b", 2), dead("b", 1), ALIVE, 2),
+        (dead("b", 2), suspect("b", 3), DEAD, 2),
+        # a dead member comes back only with a newer incarnation
+        (dead("b", 2), alive("b", 2), DEAD, 2),
+        (dead("b", 2), alive("b", 3), ALIVE, 3),
+        # dead "by" the member itself is a graceful leave
+        (alive("b", 1), dead("b", 1, by="b"), LEFT, 1),
+    ],
+)
+def test_incarnation_precedence(first: dict, second: dict, expected_state: str, expected_inc: int) -> None:
+    sw = lone()
+    feed(sw, first)
+    feed(sw, second, now=0.2)
+    m = sw.members["b"]
+    assert (m.state, m.incarnation) == (expected_state, expected_inc)
+
+
+def test_state_changes_are_reported_with_origin_and_hops() -> None:
+    sw = lone()
+    msg = suspect("b", 0, by="d")
+    msg["h"] = 2
+    msg["ots"] = 12345
+    feed(sw, msg, now=1.0)
+    evs = [e for e in sw.events() if isinstance(e, MemberChanged)]
+    assert len(evs) == 1
+    ev = evs[0]
+    assert (ev.member, ev.state, ev.origin, ev.origin_ts_us, ev.hops, ev.ts_us) == ("b", SUSPECT, "d", 12345, 3, 1_000_000)
+
+
+def test_unknown_member_learned_from_alive_and_rebroadcast() -> None:
+    sw = lone()
+    feed(sw, alive("z", 4))
+    assert sw.members["z"].state == ALIVE and sw.members["z"].addr == addr_of("z")
+    # the news is passed on, piggybacked on the next packet we send
+    sw.handle_timer(5.0)
+    parts = [m for _, d in sw.datagrams_to_send(5.0) for m in wire.decode_packet(d)[1]]
+    assert any(p["t"] == "alive" and p["node"] == "z" and p["h"] == 1 for p in parts)
+
+
+def test_suspect_and_dead_of_unknown_member_ignored() -> None:
+    sw = lone()
+    feed(sw, suspect("zz", 1), dead("zz", 1))
+    assert "zz" not in sw.members
+
+
+# ---------------------------------------------------------------- refutation
+
+def test_suspicion_about_ourselves_is_refuted_with_higher_incarnation() -> None:
+    sw = lone()
+    assert sw.incarnation == 0 and sw.health == 0
+    feed(sw, suspect("a", 3))
+    assert sw.incarnation == 4
+    assert sw.members["a"].state == ALIVE
+    assert sw.health == 1  # Lifeguard: being accused counts against our own health
+    sw.handle_timer(5.0)
+    sent = [m for _, d in sw.datagrams_to_send(5.0) for m in wire.decode_packet(d)[1]]
+    assert any(m["t"] == "alive" and m["node"] == "a" and m["inc"] == 4 for m in sent)
+
+
+def test_dead_about_ourselves_is_refuted_too() -> None:
+    sw = lone()
+    feed(sw, dead("a", 7))
+    assert sw.incarnation == 8 and sw.members["a"].state == ALIVE
+
+
+def test_refutation_spreads_and_clears_the_suspicion() -> None:
+    c = Cluster(["a", "b", "c", "d"], CFG)
+    c.drop = lambda src, dst, types: dst == "b" or src == "b"
+    c.run_until(5.0)  # b unreachable: somebody suspects it
+    assert any(c.state(n, "b") == SUSPECT for n in "acd")
+    c.drop = lambda src, dst, types: False
+    c.run_until(8.0)
+    for n in "acd":
+        assert c.state(n, "b") == ALIVE
+    assert c.nodes["b"].incarnation >= 1
+
+
+# ---------------------------------------------------------------- suspicion timeouts
+
+def test_lone_accuser_waits_the_maximum_suspicion_timeout() -> None:
+    sw = lone()
+    n = sw.num_members()
+    lo, hi = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, n, CFG.probe_interval)
+    # with 4 members k = min(mult-2, n-2) = 2 confirmations expected
+    feed(sw, suspect("b", 0, by="c"), now=10.0)
+    sw.handle_timer(10.0 + hi - 0.01)
+    assert sw.members["b"].state == SUSPECT
+    sw.handle_timer(10.0 + hi)
+    assert sw.members["b"].state == DEAD
+
+
+def test_independent_confirmations_shrink_the_timeout_to_the_minimum() -> None:
+    sw = lone()
+    lo, hi = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, sw.num_members(), CFG.probe_interval)
+    feed(sw, suspect("b", 0, by="c"), now=10.0)
+    feed(sw, suspect("b", 0, by="d"), now=10.5, sender="d")
+    feed(sw, suspect("b", 0, by="c"), now=10.6)  # the same accuser again does not count
+    sw.handle_timer(10.0 + lo + 1.0)
+    assert sw.members["b"].state == SUSPECT
+    feed(sw, suspect("b", 0, by="a2"), now=11.0)  # second independent confirmation: k reached
+    sw.handle_timer(10.0 + lo - 0.01)
+    assert sw.members["b"].state == SUSPECT
+    sw.handle_timer(10.0 + lo + 1.01)
+    assert sw.members["b"].state == DEAD
+
+
+def test_without_lifeguard_the_suspicion_timeout_is_fixed_at_min() -> None:
+    sw = lone(config=CFG.with_(lifeguard=False))
+    lo, _ = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, sw.num_members(), CFG.probe_interval)
+    feed(sw, suspect("b", 0, by="c"), now=10.0)
+    sw.handle_timer(10.0 + lo)
+    assert sw.members["b"].state == DEAD
+    assert [e.origin for e in sw.events() if isinstance(e, MemberChanged) and e.state == DEAD] == ["a"]
+
+
+# ---------------------------------------------------------------- dissemination
+
+def test_broadcast_retransmit_limit_then_dropped() -> None:
+    sw = lone()
+    sw.broadcast("cfg", "k1", {"x": 1}, 0.0)
+    limit = retransmit_limit(CFG.retransmit_mult, sw.num_members())
+    carried = 0
+    t = 0.0
+    for _ in range(200):
+        t += CFG.gossip_interval
+        sw.handle_timer(t)
+        for _, d in sw.datagrams_to_send(t):
+            carried += sum(1 for m in wire.decode_packet(d)[1] if m["t"] == "user")
+    assert carried == limit == 4
+
+
+def test_newer_broadcast_with_same_key_invalidates_older() -> None:
+    sw = lone()
+    sw.broadcast("cfg", "k", 1, 0.0)
+    sw.broadcast("cfg", "k", 2, 0.0)
+    sw.broadcast("cfg", "other", 3, 0.0)
+    sw.handle_timer(1.0)
+    payloads = sorted(m["p"] for _, d in sw.datagrams_to_send(1.0) for m in wire.decode_packet(d)[1] if m["t"] == "user")
+    assert set(payloads) == {2, 3}
+
+
+def test_receiver_delivers_each_broadcast_once_and_ignores_older_versions() -> None:
+    sender = lone("b")
+    rx = lone("a")
+    sender.broadcast("route", "f/1", "v1", 1.0)
+    sender.broadcast("route", "f/1", "v2", 2.0)
+    v2 = [d for _, d in (sender.handle_timer(3.0) or sender.datagrams_to_send(3.0))]
+    assert v2
+    for d in v2 * 2:  # duplicates too
+        rx.receive(d, addr_of("b"), 3.1)
+    got = [e for e in rx.events() if isinstance(e, BroadcastReceived)]
+    assert [(e.key, e.payload, e.origin, e.hops) for e in got] == [("f/1", "v2", "b", 1)]
+    # an older version arriving late is not delivered
+    old = packet("b", {"t": "user", "kind": "route", "key": "f/1", "o": "b", "ots": 1_000_000, "s": 1, "id": "x", "p": "v1", "h": 0})
+    rx.receive(old, addr_of("b"), 3.2)
+    assert not [e for e in rx.events() if isinstance(e, BroadcastReceived)]
+
+
+def test_packets_never_exceed_the_size_bound() -> None:
+    sw = lone()
+    for i in range(300):
+        sw.broadcast("k", f"key{i}", "x" * (i % 200), 0.0)
+    sizes = []
+    t = 0.0
+    for _ in range(100):
+        t += 0.2
+        sw.handle_timer(t)
+        sizes += [len(d) for _, d in sw.datagrams_to_send(t)]
+    assert sizes and max(sizes) <= 1400
+    assert max(sizes) > 1200  # and they are filled
+    with pytest.raises(ValueError):
+        sw.broadcast("k", "huge", "y" * 1400, t)
+
+
+def test_packet_limit_leaves_room_for_encryption() -> None:
+    sw = Swim("a", addr_of("a"), now=0.0, rng=random.Random(1), config=CFG, packet_limit=1400 - 33)
+    sw.bootstrap([("b", addr_of("b"))], 0.0)
+    for i in range(100):
+        sw.broadcast("k", f"key{i}", "x" * 100, 0.0)
+    sw.handle_timer(1.0)
+    assert max(len(d) for _, d in sw.datagrams_to_send(1.0)) <= 1367
+
+
+def test_broadcast_reaches_everyone_in_a_cluster() -> None:
+    names = [f"n{i}" for i in range(12)]
+    c = Cluster(names, CFG)
+    c.nodes["n3"].broadcast("cfg", "k", {"v": 1}, 0.0)
+    c.run_until(3.0)
+    for n in names:
+        if n != "n3":
+            got = [e for e in c.events[n] if isinstance(e, BroadcastReceived)]
+            assert [(e.origin, e.payload) for e in got] == [("n3", {"v": 1})]
+
+
+# ---------------------------------------------------------------- probes, acks, nacks
+
+def test_direct_ack_keeps_member_alive_and_improves_health() -> None:
+    c = Cluster(["a", "b"], CFG)
+    c.nodes["a"].health = 2
+    c.run_until(10.0)
+    assert c.state("a", "b") == ALIVE and c.nodes["a"].health == 0
+    assert c.nodes["a"].stats.probes >= 2
+
+
+def test_indirect_probe_ack_is_forwarded_and_prevents_suspicion() -> None:
+    c = Cluster(["a", "b", "c", "d"], CFG)
+    # the direct path a<->b is broken, every other path works
+    c.drop = lambda src, dst, types: {src, dst} == {"a", "b"}
+    c.run_until(10.0)
+    assert c.state("a", "b") == ALIVE
+    kinds = {tuple(t) for s, d, t in c.delivered if s in "cd" and d == "a"}
+    assert any("ack" in t for t in kinds)
+    assert any("ping_req" in t for s, d, t in c.delivered if s == "a")
+
+
+def test_nacks_from_helpers_when_target_is_down() -> None:
+    c = Cluster(["a", "b", "c", "d"], CFG)
+    c.down.add("b")
+    c.run_until(4.0)
+    nacks = [(s, d) for s, d, t in c.delivered if "nack" in t]
+    assert nacks and all(d in "acd" and s in "acd" for s, d in nacks)
+    # the nacks show a's helpers are fine: a's own health is not blamed for b
+    a = c.nodes["a"]
+    if a.stats.probe_failures:
+        assert a.health == 0
+
+
+def test_missing_nacks_count_against_our_own_health() -> None:
+    c = Cluster(["a", "b", "c", "d"], CFG)
+    # a hears nothing from anyone: its own network is the problem
+    c.drop = lambda src, dst, types: dst == "a"
+    c.run_until(3.0)
+    assert c.nodes["a"].health >= 2
+
+
+def test_crashed_member_is_suspected_then_declared_dead_everywhere() -> None:
+    names = [f"n{i}" for i in range(6)]
+    c = Cluster(names, CFG)
+    c.run_until(2.0)
+    c.down.add("n2")
+    lo, hi = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, 6, CFG.probe_interval)
+    c.run_until(2.0 + hi + 8.0)
+    for n in names:
+        if n != "n2":
+            assert c.state(n, "n2") == DEAD
+    assert all(c.state(a, b) == ALIVE for a in names for b in names if "n2" not in (a, b))
+
+
+def test_buddy_system_suspect_learns_on_next_probe() -> None:
+    sw = lone()
+    feed(sw, suspect("b", 0, by="c"), now=0.5)
+    sent: list[tuple] = []
+    t = 0.5
+    def pinged_b() -> bool:
+        return any(a == addr_of("b") and wire.decode_packet(d)[1][0]["t"] == "ping" for a, d in sent)
+
+    while not pinged_b() and t < 20:
+        t += 0.1
+        sw.handle_timer(t)
+        sent += sw.datagrams_to_send(t)
+    to_b = [wire.decode_packet(d)[1] for a, d in sent if a == addr_of("b")]
+    ping = next(p for p in to_b if p[0]["t"] == "ping")
+    assert ping[1]["t"] == "suspect" and ping[1]["node"] == "b"
+
+
+def test_loop_lag_stretches_a_probe_instead_of_accusing() -> None:
+    sw = lone()
+    sw.handle_timer(1.0)
+    pings = [(a, wire.decode_packet(d)[1][0]) for a, d in sw.datagrams_to_send(1.0)]
+    assert pings and pings[0][1]["t"] == "ping"
+    target = pings[0][0][0]
+    seq = pings[0][1]["seq"]
+    # our loop stalls 2.5 s; the ack arrived meanwhile and is read after the timers
+    sw.note_loop_lag(2.5, 4.0)
+    sw.handle_timer(4.0)
+    sw.receive(packet(target, {"t": "ack", "seq": seq}), addr_of(target), 4.0)
+    sw.handle_timer(8.0)
+    assert all(m.state == ALIVE for m in sw.members.values())
+    assert sw.stats.probe_failures == 0
+
+
+def test_without_lifeguard_a_stalled_prober_accuses() -> None:
+    sw = lone(config=CFG.with_(lifeguard=False))
+    sw.handle_timer(1.0)
+    pings = [(a, wire.decode_packet(d)[1][0]) for a, d in sw.datagrams_to_send(1.0)]
+    target, seq = pings[0][0][0], pings[0][1]["seq"]
+    sw.note_loop_lag(2.5, 4.0)
+    sw.handle_timer(4.0)
+    sw.receive(packet(target, {"t": "ack", "seq": seq}), addr_of(target), 4.0)
+    assert sw.members[target].state == SUSPECT
+
+
+# ---------------------------------------------------------------- leave, join, rejoin, push-pull
+
+def test_graceful_leave_is_left_not_dead() -> None:
+    names = ["a", "b", "c", "d", "e"]
+    c = Cluster(names, CFG)
+    c.run_until(1.0)
+    c.nodes["c"].leave(c.now)
+    c.run_until(3.0)
+    assert c.nodes["c"].leave_sent
+    for n in names:
+        assert c.state(n, "c") == LEFT
+    evs = [e for e in c.events["a"] if isinstance(e, MemberChanged) and e.member == "c"]
+    assert [e.state for e in evs] == [LEFT] and evs[0].origin == "c"
+
+
+def test_join_through_a_seed_and_push_pull_merge() -> None:
+    c = Cluster(["a", "b", "c"], CFG)
+    merged: list[object] = []
+    new = c.add("z", seed=9)
+    new.push_pull_providers["routes"] = (lambda: {"z": 1}, merged.append)
+    c.nodes["a"].push_pull_providers["routes"] = (lambda: {"a": 1}, merged.append)
+    new.join([addr_of("a")], c.now)
+    c.pump()
+    assert set(new.members) == {"a", "b", "c", "z"}  # learned the seed's full view
+    assert c.state("a", "z") == ALIVE
+    assert {"a": 1} in merged and {"z": 1} in merged
+    c.run_until(3.0)
+    assert all(c.state(n, "z") == ALIVE for n in "abc")
+
+
+def test_push_pull_from_another_cluster_is_refused() -> None:
+    a = lone("a")
+    other = Swim("x", addr_of("x"), now=0.0, rng=random.Random(2), config=CFG, cluster_name="other")
+    other.join([addr_of("a")], 0.0)
+    (_, body), = other.push_pull_requests()
+    assert a.handle_push_pull(body, 0.1) is None
+    assert "x" not in a.members
+
+
+def test_rejoin_after_being_declared_dead() -> None:
+    names = ["a", "b", "c", "d"]
+    c = Cluster(names, CFG)
+    c.run_until(1.0)
+    c.down.add("d")
+    c.run_until(40.0)
+    assert all(c.state(n, "d") == DEAD for n in "abc")
+    dead_inc = c.nodes["a"].members["d"].incarnation
+    # d restarts from scratch (incarnation 0) and joins through a seed
+    d = c.add("d", seed=77)
+    d.join([addr_of("a")], c.now)
+    c.run_until(45.0)
+    assert d.incarnation > dead_inc
+    for n in "abc":
+        assert c.state(n, "d") == ALIVE
+
+
+def test_lone_node_retries_its_seeds() -> None:
+    c = Cluster(["a"], CFG.with_(rejoin_interval=2.0), converged=False)
+    a = c.nodes["a"]
+    a.join([addr_of("s")], 0.0)
+    c.run_until(1.0)
+    s = c.add("s", seed=3)  # the seed comes up later
+    c.run_until(6.0)
+    assert "s" in a.members and "a" in s.members
+
+
+# ---------------------------------------------------------------- malformed input
+
+@pytest.mark.parametrize(
+    "data, counter",
+    [
+        (b"", "malformed"),
+        (b"\xff\xff\xff", "malformed"),
+        (cbor2.dumps([1, 2, 3]), "malformed"),
+        (cbor2.dumps({"v": 2, "t": "compound", "from": "x", "m": []}), "bad_version"),
+        (cbor2.dumps({"v": 1, "t": "compound", "m": []}), "malformed"),
+        (cbor2.dumps({"v": 1, "t": "compound", "from": "x", "m": [1]}), "malformed"),
+        (cbor2.dumps({"v": 1, "t": "ping", "from": "x"}), "malformed"),  # no seq
+        (cbor2.dumps({"v": 1, "t": "alive", "from": "x", "node": "q", "inc": "z"}), "malformed"),
+        (cbor2.dumps({"v": 1, "t": "warp", "from": "x"}), "unknown_type"),
+    ],
+)
+def test_malformed_packets_are_dropped_and_counted(data: bytes, counter: str) -> None:
+    sw = lone()
+    before = dict(vars(sw.stats))
+    sw.receive(data, addr_of("x"), 1.0)
+    assert getattr(sw.stats, counter) == before[counter] + 1
+    assert set(sw.members) == {"a", "b", "c", "d"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_bytes_never_crash(data: bytes) -> None:
+    sw = lone()
+    sw.receive(data, addr_of("x"), 1.0)
+    sw.handle_timer(2.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "t": st.sampled_from(["ping", "ack", "nack", "ping_req", "alive", "suspect", "dead", "user"]),
+                "node": st.sampled_from(["a", "b", "q", 3]),
+                "inc": st.one_of(st.integers(-2, 5), st.text(max_size=2)),
+                "seq": st.integers(0, 5),
+                "by": st.sampled_from(["a", "c"]),
+                "ots": st.integers(0, 10),
+                "h": st.integers(0, 3),
+            }
+        ),
+        max_size=5,
+    )
+)
+def test_well_formed_envelopes_with_odd_fields_never_crash(msgs: list[dict]) -> None:
+    sw = lone()
+    sw.receive(packet("x", *msgs), addr_of("x"), 1.0)
+    sw.handle_timer(100.0)
+    assert sw.members["a"].state == ALIVE
