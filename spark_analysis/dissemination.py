@@ -1,0 +1,167 @@
+"""How fast broadcast-like events reach the nodes that were alive when they were made.
+
+An event is every record sharing an ``event_id`` whose kind is in
+``DISSEMINATION_KINDS``. An observation is a node's first record of an event (the
+origin's own ``hops`` 0 record counts). Coverage time tP is nearest-rank: the delay
+from ``origin_ts_us`` until ``ceil(P/100 * alive)`` of the nodes alive at the origin
+time had observed the event; null when that many never did.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from .lifetimes import alive_at
+from .schema import DISSEMINATION_KINDS
+from .stats import Method, pct
+
+US = 1_000_000.0
+
+# Coverage targets in basis points (1/100 of a percent) so ranks are integer math.
+HEADLINE_BP: dict[str, int] = {"t50_s": 5000, "t90_s": 9000, "t99_s": 9900, "t100_s": 10000}
+
+
+def _event_heads(traces: DataFrame) -> DataFrame:
+    d = traces.filter(F.col("kind").isin(*DISSEMINATION_KINDS) & F.col("event_id").isNotNull())
+    return d.groupBy("event_id").agg(
+        F.min("kind").alias("kind"),
+        F.min(F.coalesce("origin_ts_us", "ts_us")).alias("origin_ts_us"),
+        F.min(F.struct(F.coalesce("origin_ts_us", "ts_us"), F.col("origin")))
+        .getField("origin")
+        .alias("origin"),
+    )
+
+
+def observations(traces: DataFrame, lifetimes: DataFrame) -> DataFrame:
+    """Per (event, observing node alive at the origin time): first ``ts_us``, ``hops``,
+    ``delay_us`` and the event's ``kind``, ``origin``, ``origin_ts_us``."""
+    firsts = (
+        traces.filter(F.col("kind").isin(*DISSEMINATION_KINDS) & F.col("event_id").isNotNull())
+        .groupBy("event_id", "node")
+        .agg(F.min("ts_us").alias("ts_us"), F.min("hops").alias("hops"))
+    )
+    life = lifetimes.select(
+        F.col("node").alias("_l_node"),
+        F.col("start_ts_us").alias("_l_start_ts_us"),
+        F.col("end_ts_us").alias("_l_end_ts_us"),
+    )
+    joined = firsts.join(_event_heads(traces), "event_id").join(
+        F.broadcast(life), F.col("node") == F.col("_l_node")
+    )
+    return joined.filter(alive_at("_l_", F.col("origin_ts_us"))).select(
+        "event_id",
+        "kind",
+        "origin",
+        "origin_ts_us",
+        "node",
+        "ts_us",
+        "hops",
+        (F.col("ts_us") - F.col("origin_ts_us")).alias("delay_us"),
+    )
+
+
+def alive_counts(traces: DataFrame, lifetimes: DataFrame) -> DataFrame:
+    """Per event: ``event_id``, ``kind``, ``origin``, ``origin_ts_us``, ``alive_nodes``."""
+    life = lifetimes.select(
+        F.col("start_ts_us").alias("_l_start_ts_us"), F.col("end_ts_us").alias("_l_end_ts_us")
+    )
+    heads = _event_heads(traces)
+    alive = (
+        heads.join(F.broadcast(life), alive_at("_l_", F.col("origin_ts_us")))
+        .groupBy("event_id")
+        .agg(F.count(F.lit(1)).alias("alive_nodes"))
+    )
+    return heads.join(alive, "event_id", "left").select(
+        "event_id",
+        "kind",
+        "origin",
+        "origin_ts_us",
+        F.coalesce("alive_nodes", F.lit(0)).alias("alive_nodes"),
+    )
+
+
+def coverage_times(obs: DataFrame, heads: DataFrame, targets_bp: DataFrame) -> DataFrame:
+    """Per (event, target ``bp``): ``delay_us`` until ``ceil(bp/10000 * alive)`` nodes had
+    observed it (nearest rank), null if never. ``targets_bp`` has one column ``bp``."""
+    ranked = obs.select(
+        "event_id",
+        "delay_us",
+        F.row_number()
+        .over(Window.partitionBy("event_id").orderBy("delay_us", "node"))
+        .alias("rank"),
+    )
+    targets = (
+        heads.filter(F.col("alive_nodes") > 0)
+        .select("event_id", "alive_nodes")
+        .crossJoin(F.broadcast(targets_bp))
+        .withColumn("rank", F.expr("CAST((bp * alive_nodes + 9999) DIV 10000 AS INT)"))
+    )
+    return targets.join(ranked, ["event_id", "rank"], "left").select("event_id", "bp", "delay_us")
+
+
+def event_table(obs: DataFrame, heads: DataFrame, spark: SparkSession) -> DataFrame:
+    """The per-event table: alive/observed counts, coverage, t50..t100 in seconds, max hops."""
+    bps = spark.createDataFrame([(bp,) for bp in HEADLINE_BP.values()], "bp INT")
+    times = coverage_times(obs, heads, bps).groupBy("event_id").agg(
+        *[
+            F.max(F.when(F.col("bp") == bp, F.col("delay_us") / US)).alias(name)
+            for name, bp in HEADLINE_BP.items()
+        ]
+    )
+    counts = obs.groupBy("event_id").agg(
+        F.count(F.lit(1)).alias("observed_nodes"), F.max("hops").alias("max_hops")
+    )
+    return (
+        heads.join(counts, "event_id", "left")
+        .join(times, "event_id", "left")
+        .select(
+            "event_id",
+            "kind",
+            "origin",
+            "origin_ts_us",
+            "alive_nodes",
+            F.coalesce("observed_nodes", F.lit(0)).alias("observed_nodes"),
+            (F.coalesce("observed_nodes", F.lit(0)) / F.col("alive_nodes")).alias("coverage"),
+            F.col("t100_s").isNotNull().alias("full_coverage"),
+            *HEADLINE_BP.keys(),
+            "max_hops",
+        )
+    )
+
+
+def infection_curve(obs: DataFrame, heads: DataFrame, spark: SparkSession, points: int = 50) -> DataFrame:
+    """Per coverage fraction: median and p99 (over events) of the time to reach it.
+
+    Events that never reach a fraction count as infinitely slow (null in the
+    output when the percentile lands on them). ``percentile_approx`` keeps values
+    that occur in the data, which that needs; with fewer than 10,000 events it is
+    the exact nearest rank.
+    """
+    step = 10000 // points
+    bps = spark.createDataFrame([(bp,) for bp in range(step, 10001, step)], "bp INT")
+    never = F.lit(2**62)
+    t = coverage_times(obs, heads, bps).withColumn("d", F.coalesce("delay_us", never))
+    agg = t.groupBy("bp").agg(
+        F.percentile_approx("d", F.lit(0.5), 10000).alias("p50"),
+        F.percentile_approx("d", F.lit(0.99), 10000).alias("p99"),
+        F.percentile_approx("d", F.lit(0.01), 10000).alias("p01"),
+    )
+    return agg.select(
+        (F.col("bp") / 10000.0).alias("fraction"),
+        *[
+            F.when(F.col(c) < never, F.col(c) / US).alias(f"{c}_s")
+            for c in ("p01", "p50", "p99")
+        ],
+    ).orderBy("fraction")
+
+
+def per_node_lag(obs: DataFrame, method: Method) -> DataFrame:
+    """Per observing node: observations of others' events and their delay p50/p99/max (s)."""
+    d = obs.filter(F.col("node") != F.col("origin")).withColumn("delay_s", F.col("delay_us") / US)
+    return d.groupBy("node").agg(
+        F.count(F.lit(1)).alias("observations"),
+        pct("delay_s", 0.5, method).alias("lag_p50_s"),
+        pct("delay_s", 0.99, method).alias("lag_p99_s"),
+        F.max("delay_s").alias("lag_max_s"),
+    )

@@ -1,0 +1,202 @@
+"""The input edge: find trace files, parse them with the trace schema, count bad lines.
+
+Local paths are expanded here (directories searched for ``*.jsonl``, rotated
+``*.jsonl.N``, gzip ``*.gz`` and ``*.parquet``; shell globs expanded); a path with a
+URI scheme (``hdfs://``, ``s3a://``, ...) goes to Spark untouched.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from .errors import NoTracesError, SchemaMismatchError
+from .schema import CORRUPT_COLUMN, REQUIRED_FIELDS, TRACE_SCHEMA
+
+# <node>.jsonl, rotated <node>.jsonl.3, compressed <node>.jsonl.gz / .jsonl.3.gz, .json.
+_JSON_NAME = re.compile(r".*\.jsonl?(\.\d+)?(\.gz)?$")
+_PARQUET_NAME = re.compile(r".*\.parquet$")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    json_paths: list[str]
+    parquet_paths: list[str]
+
+    @property
+    def count(self) -> int:
+        return len(self.json_paths) + len(self.parquet_paths)
+
+
+@dataclass
+class Loaded:
+    traces: DataFrame  # TRACE_SCHEMA columns, valid rows only, cached
+    rows: int
+    bad_lines: int
+    files: int
+
+
+def _classify(name: str) -> str | None:
+    if _PARQUET_NAME.match(name):
+        return "parquet"
+    if _JSON_NAME.match(name):
+        return "json"
+    return None
+
+
+def resolve_inputs(paths: list[str]) -> Inputs:
+    """Expand the command-line paths into trace files; raise NoTracesError if one has none."""
+    if not paths:
+        raise NoTracesError("no trace paths given")
+    json_paths: list[str] = []
+    parquet_paths: list[str] = []
+    for raw in paths:
+        if _URI.match(raw) and not raw.startswith("file://"):
+            # Remote storage: Spark lists it; the format follows the name.
+            (parquet_paths if ".parquet" in raw else json_paths).append(raw)
+            continue
+        local = raw[len("file://"):] if raw.startswith("file://") else raw
+        matches = sorted(glob.glob(local)) if glob.has_magic(local) else [local]
+        found = 0
+        for match in matches:
+            p = Path(match)
+            if p.is_dir():
+                candidates = sorted(f for f in p.rglob("*") if f.is_file())
+            elif p.is_file():
+                candidates = [p]
+            else:
+                continue
+            for f in candidates:
+                kind = _classify(f.name)
+                # A file named explicitly is read as JSON Lines whatever its name.
+                if kind is None and p.is_file():
+                    kind = "json"
+                if kind == "json":
+                    json_paths.append(str(f.resolve()))
+                    found += 1
+                elif kind == "parquet":
+                    parquet_paths.append(str(f.resolve()))
+                    found += 1
+        if not matches or not any(Path(m).exists() for m in matches):
+            raise NoTracesError(f"{raw}: no such file or directory")
+        if found == 0:
+            raise NoTracesError(
+                f"{raw}: no trace files (*.jsonl, *.jsonl.N, *.jsonl.gz, *.parquet)"
+            )
+    return Inputs(json_paths, parquet_paths)
+
+
+def _read_json(spark: SparkSession, paths: list[str]) -> DataFrame:
+    schema = StructType(TRACE_SCHEMA.fields + [StructField(CORRUPT_COLUMN, StringType(), True)])
+    return (
+        spark.read.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .json(paths)
+    )
+
+
+def _read_parquet(spark: SparkSession, paths: list[str]) -> DataFrame:
+    df = spark.read.parquet(*paths)
+    present = {f.name: f.dataType for f in df.schema.fields}
+    missing = [name for name in REQUIRED_FIELDS if name not in present]
+    if missing:
+        raise SchemaMismatchError(
+            f"parquet input lacks trace field(s) {', '.join(missing)} "
+            f"(has: {', '.join(sorted(present)) or 'nothing'})"
+        )
+    cols = []
+    for field in TRACE_SCHEMA.fields:
+        have = present.get(field.name)
+        if have is None:
+            cols.append(F.lit(None).cast(field.dataType).alias(field.name))
+            continue
+        numeric_ok = isinstance(field.dataType, LongType) and have.typeName() in (
+            "long", "integer", "short", "byte",
+        )
+        if have != field.dataType and not numeric_ok:
+            raise SchemaMismatchError(
+                f"parquet field {field.name} is {have.simpleString()}, "
+                f"expected {field.dataType.simpleString()}"
+            )
+        cols.append(F.col(field.name).cast(field.dataType).alias(field.name))
+    cols.append(F.lit(None).cast(StringType()).alias(CORRUPT_COLUMN))
+    return df.select(*cols)
+
+
+def _describe_mismatch(samples: list[str]) -> str | None:
+    """Say which fields are wrong when bad lines are JSON objects, else None."""
+    problems: list[str] = []
+    for line in samples:
+        try:
+            obj: Any = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        for field in TRACE_SCHEMA.fields:
+            value = obj.get(field.name)
+            if value is None:
+                if field.name in REQUIRED_FIELDS:
+                    problems.append(f"{field.name} missing")
+                continue
+            want_int = isinstance(field.dataType, LongType)
+            if want_int and (isinstance(value, bool) or not isinstance(value, int)):
+                problems.append(f"{field.name} is {type(value).__name__}, expected integer")
+            elif isinstance(field.dataType, StringType) and not isinstance(value, str):
+                problems.append(f"{field.name} is {type(value).__name__}, expected string")
+    return "; ".join(dict.fromkeys(problems)) or None
+
+
+def load_traces(spark: SparkSession, paths: list[str]) -> Loaded:
+    """Read every trace file under ``paths``; skip and count lines that do not parse.
+
+    Raises NoTracesError when nothing usable is found and SchemaMismatchError when
+    the lines are JSON (or Parquet) but not trace records.
+    """
+    inputs = resolve_inputs(paths)
+    frames = []
+    if inputs.json_paths:
+        frames.append(_read_json(spark, inputs.json_paths))
+    if inputs.parquet_paths:
+        frames.append(_read_parquet(spark, inputs.parquet_paths))
+    raw = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    bad = F.col(CORRUPT_COLUMN).isNotNull()
+    for name in REQUIRED_FIELDS:
+        bad = bad | F.col(name).isNull()
+    # Cached with the corrupt column: Spark refuses queries on that column alone
+    # straight from the files, and every metric reads these rows again anyway.
+    raw = raw.withColumn("_bad", bad).cache()
+    counts = raw.agg(
+        F.count(F.lit(1)).alias("total"), F.sum(F.col("_bad").cast("long")).alias("bad")
+    ).first()
+    total, bad_lines = int(counts["total"]), int(counts["bad"] or 0)
+    if total == 0:
+        raw.unpersist()
+        raise NoTracesError(f"{', '.join(paths)}: trace files are empty")
+    if bad_lines == total:
+        samples = [
+            r[0] or json.dumps({k: r[k] for k in TRACE_SCHEMA.fieldNames()})
+            for r in raw.select(CORRUPT_COLUMN, *TRACE_SCHEMA.fieldNames()).limit(5).collect()
+        ]
+        raw.unpersist()
+        detail = _describe_mismatch(samples)
+        if detail:
+            raise SchemaMismatchError(
+                f"{', '.join(paths)}: lines are JSON but not trace records ({detail})"
+            )
+        raise NoTracesError(
+            f"{', '.join(paths)}: no valid trace lines ({bad_lines} bad line(s) skipped)"
+        )
+    traces = raw.filter(~F.col("_bad")).select(*TRACE_SCHEMA.fieldNames())
+    return Loaded(traces=traces, rows=total - bad_lines, bad_lines=bad_lines, files=inputs.count)

@@ -1,0 +1,141 @@
+"""From result frames to the plain dicts of summary.json (the only place that collects)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from .stats import Method, pct
+
+LIST_LIMIT = 1000  # rows kept in summary.json lists; the CSV tables hold them all
+LAG_TOP = 10
+
+
+def _num(value: Any, digits: int = 6) -> Any:
+    """JSON-safe number: rounded floats, None for null/NaN."""
+    if value is None:
+        return None
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, digits)
+    return value
+
+
+def _dissemination_aggs(ev: Method, hops: Method) -> tuple[list, list]:
+    full_t100 = F.when(F.col("full_coverage"), F.col("t100_s"))
+    event_aggs = [
+        F.count(F.lit(1)).alias("events"),
+        F.avg(F.col("full_coverage").cast("double")).alias("full_coverage_ratio"),
+        pct("t50_s", 0.5, ev).alias("t50_s_median"),
+        pct("t90_s", 0.5, ev).alias("t90_s_median"),
+        pct("t99_s", 0.5, ev).alias("t99_s_median"),
+        pct(full_t100, 0.5, ev).alias("t100_p50"),
+        pct(full_t100, 0.9, ev).alias("t100_p90"),
+        pct(full_t100, 0.99, ev).alias("t100_p99"),
+        F.max(full_t100).alias("t100_max"),
+    ]
+    hop_aggs = [pct("hops", 0.5, hops).alias("hops_p50"), pct("hops", 0.99, hops).alias("hops_p99")]
+    return event_aggs, hop_aggs
+
+
+def _shape(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "events": int(row.get("events") or 0),
+        "full_coverage_ratio": _num(row.get("full_coverage_ratio")),
+        "t50_s_median": _num(row.get("t50_s_median")),
+        "t90_s_median": _num(row.get("t90_s_median")),
+        "t99_s_median": _num(row.get("t99_s_median")),
+        "t100_s": {k: _num(row.get(f"t100_{k}")) for k in ("p50", "p90", "p99", "max")},
+        "hops": {k: _num(row.get(f"hops_{k}")) for k in ("p50", "p99")},
+    }
+
+
+def dissemination_summary(events: DataFrame, obs: DataFrame, ev: Method, hops: Method) -> dict[str, Any]:
+    """Overall and ``by_kind`` dissemination numbers (see the issue's summary shape)."""
+    event_aggs, hop_aggs = _dissemination_aggs(ev, hops)
+    overall = events.agg(*event_aggs).first().asDict()
+    overall.update(obs.agg(*hop_aggs).first().asDict())
+    by_kind_rows = {r["kind"]: r.asDict() for r in events.groupBy("kind").agg(*event_aggs).collect()}
+    for r in obs.groupBy("kind").agg(*hop_aggs).collect():
+        by_kind_rows.setdefault(r["kind"], {"kind": r["kind"]}).update(r.asDict())
+    result = _shape(overall)
+    result["by_kind"] = {k: _shape(v) for k, v in sorted(by_kind_rows.items())}
+    return result
+
+
+def detection_summary(det: DataFrame, method: Method) -> dict[str, Any]:
+    row = det.agg(
+        F.count(F.lit(1)).alias("crashes"),
+        pct("first_suspect_s", 0.5, method).alias("first_suspect_p50_s"),
+        pct("all_dead_s", 0.5, method).alias("all_dead_p50_s"),
+        pct("all_dead_s", 0.99, method).alias("all_dead_p99_s"),
+        F.sum(F.col("all_dead_s").isNull().cast("int")).alias("undetected"),
+        F.sum(F.col("first_suspect_s").isNull().cast("int")).alias("never_suspected"),
+    ).first()
+    return {
+        "crashes": int(row["crashes"]),
+        "first_suspect_p50_s": _num(row["first_suspect_p50_s"]),
+        "all_dead_p50_s": _num(row["all_dead_p50_s"]),
+        "all_dead_p99_s": _num(row["all_dead_p99_s"]),
+        "undetected": int(row["undetected"] or 0),
+        "never_suspected": int(row["never_suspected"] or 0),
+    }
+
+
+def false_positive_summary(fp: DataFrame) -> dict[str, Any]:
+    count = fp.count()
+    rows = fp.orderBy("ts_us", "member", "declared_by").limit(LIST_LIMIT).collect()
+    return {
+        "count": count,
+        "list": [
+            {"member": r["member"], "declared_by": r["declared_by"], "ts_us": int(r["ts_us"])}
+            for r in rows
+        ],
+    }
+
+
+def partition_summary(episodes: DataFrame, method: Method) -> dict[str, Any]:
+    row = episodes.agg(
+        F.count(F.lit(1)).alias("count"),
+        F.count("healed_ts_us").alias("healed"),
+        pct("detection_s", 0.5, method).alias("detection_s_p50"),
+        F.max("detection_s").alias("detection_s_max"),
+        pct("heal_s", 0.5, method).alias("heal_s_p50"),
+        F.max("heal_s").alias("heal_s_max"),
+    ).first()
+    rows = episodes.orderBy("detected_ts_us", "node").limit(LIST_LIMIT).collect()
+    return {
+        "count": int(row["count"]),
+        "healed": int(row["healed"]),
+        "detection_s_p50": _num(row["detection_s_p50"]),
+        "detection_s_max": _num(row["detection_s_max"]),
+        "heal_s_p50": _num(row["heal_s_p50"]),
+        "heal_s_max": _num(row["heal_s_max"]),
+        "list": [
+            {
+                "node": r["node"],
+                "subject": r["subject"],
+                "detected_ts_us": r["detected_ts_us"],
+                "healed_ts_us": r["healed_ts_us"],
+                "detection_s": _num(r["detection_s"]),
+                "heal_s": _num(r["heal_s"]),
+            }
+            for r in rows
+        ],
+    }
+
+
+def lag_summary(lag: DataFrame, top: int = LAG_TOP) -> list[dict[str, Any]]:
+    rows = lag.orderBy(F.col("lag_p50_s").desc_nulls_last(), "node").limit(top).collect()
+    return [
+        {
+            "node": r["node"],
+            "observations": int(r["observations"]),
+            "lag_p50_s": _num(r["lag_p50_s"]),
+            "lag_p99_s": _num(r["lag_p99_s"]),
+            "lag_max_s": _num(r["lag_max_s"]),
+        }
+        for r in rows
+    ]

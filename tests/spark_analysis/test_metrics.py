@@ -1,0 +1,144 @@
+"""Each metric on the hand-built scenario (see scenario.py for the worked answers)."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from gossip.trace import trace_record
+from spark_analysis import dissemination, failures, lifetimes, partitions
+from spark_analysis.load import load_traces
+from spark_analysis.stats import Method, choose_method, pct
+from spark_analysis.summary import dissemination_summary
+
+from .conftest import write_traces
+
+pytestmark = pytest.mark.spark
+S = 1_000_000
+EXACT = Method(exact=True, largest_group=0)
+
+
+@pytest.fixture(scope="module")
+def frames(spark, scenario_dir):
+    traces = load_traces(spark, [str(scenario_dir)]).traces
+    life = lifetimes.node_lifetimes(traces).cache()
+    obs = dissemination.observations(traces, life).cache()
+    heads = dissemination.alive_counts(traces, life).cache()
+    return {"traces": traces, "life": life, "obs": obs, "heads": heads}
+
+
+def test_lifetimes_and_crashes(spark, frames):
+    expected = spark.createDataFrame(
+        [
+            ("a", 0, 80 * S, "node_stop", 80 * S),
+            ("b", 0, 80 * S, "node_stop", 80 * S),
+            ("c", 0, 80 * S, "node_stop", 80 * S),
+            ("d", 0, 30 * S, "node_crash", 30 * S),
+        ],
+        "node string, start_ts_us long, end_ts_us long, end_kind string, last_ts_us long",
+    )
+    assertDataFrameEqual(frames["life"].drop("records"), expected)
+
+
+def test_event_table_coverage_times(spark, frames):
+    third = 1 / 3
+    expected = spark.createDataFrame(
+        [
+            ("E1", "broadcast", "a", 10 * S, 4, 4, 1.0, True, 0.5, 2.0, 2.0, 2.0, 2),
+            ("E2", "route_add", "b", 20 * S, 4, 3, 0.75, False, 0.2, None, None, None, 1),
+            ("S1", "member_suspect", "c", 31 * S, 3, 3, 1.0, True, 0.5, 1.0, 1.0, 1.0, 1),
+            ("D1", "member_dead", "c", 35 * S, 3, 3, 1.0, True, 1.0, 2.0, 2.0, 2.0, 1),
+            ("E3", "config_set", "a", 40 * S, 3, 3, 1.0, True, 0.3, 0.9, 0.9, 0.9, 1),
+            ("D2", "member_dead", "b", 50 * S, 3, 2, 2 * third, False, 0.5, None, None, None, 1),
+            ("A1", "member_alive", "c", 51 * S, 3, 3, 1.0, True, 0.2, 0.4, 0.4, 0.4, 1),
+            ("S2", "member_suspect", "a", 58 * S, 3, 1, third, False, None, None, None, None, 0),
+        ],
+        "event_id string, kind string, origin string, origin_ts_us long, alive_nodes long, "
+        "observed_nodes long, coverage double, full_coverage boolean, t50_s double, "
+        "t90_s double, t99_s double, t100_s double, max_hops long",
+    )
+    events = dissemination.event_table(frames["obs"], frames["heads"], spark)
+    assertDataFrameEqual(events, expected)
+
+
+def test_dissemination_summary_medians_and_hops(spark, frames):
+    events = dissemination.event_table(frames["obs"], frames["heads"], spark)
+    s = dissemination_summary(events, frames["obs"], EXACT, EXACT)
+    assert s["events"] == 8 and s["full_coverage_ratio"] == 0.625
+    # t50 over 7 events .2 .2 .3 .5 .5 .5 1; t90/t99 over .4 .9 1 2 2.
+    assert (s["t50_s_median"], s["t90_s_median"], s["t99_s_median"]) == (0.5, 1.0, 1.0)
+    assert s["t100_s"] == {"p50": 1.0, "p90": 2.0, "p99": 2.0, "max": 2.0}
+    # 22 observations: 8 at hop 0, 13 at hop 1, 1 at hop 2; linear p99 = 1 + 0.79.
+    assert s["hops"] == {"p50": 1.0, "p99": 1.79}
+    assert s["by_kind"]["member_dead"]["t50_s_median"] == 0.75
+    assert s["by_kind"]["broadcast"]["hops"] == {"p50": 1.0, "p99": 1.97}
+    assert s["by_kind"]["route_add"]["t100_s"]["p50"] is None
+    assert set(s["by_kind"]) == {
+        "broadcast", "route_add", "config_set", "member_suspect", "member_dead", "member_alive",
+    }
+
+
+def test_detection_of_the_crash(spark, frames):
+    crashed = lifetimes.crashes(frames["life"])
+    det = failures.detection(frames["traces"], frames["life"], crashed)
+    expected = spark.createDataFrame(
+        [("d", 30 * S, "node_crash", 1.0, 7.0, 3, 3)],
+        "member string, crash_ts_us long, source string, first_suspect_s double, "
+        "all_dead_s double, observers long, declared long",
+    )
+    assertDataFrameEqual(det, expected)
+
+
+def test_false_positive_is_the_declaration_of_a_live_member(spark, frames):
+    fp = failures.false_positives(frames["traces"])
+    expected = spark.createDataFrame(
+        [("c", "b", 50 * S, "D2", 51 * S)],
+        "member string, declared_by string, ts_us long, event_id string, active_ts_us long",
+    )
+    assertDataFrameEqual(fp, expected)
+
+
+def test_partition_episode(spark, frames):
+    episodes = partitions.partition_episodes(frames["traces"])
+    expected = spark.createDataFrame(
+        [("a", "c", 60 * S, 70 * S, 2.0, 10.0)],
+        "node string, subject string, detected_ts_us long, healed_ts_us long, "
+        "detection_s double, heal_s double",
+    )
+    assertDataFrameEqual(episodes, expected)
+
+
+def test_per_node_lag(spark, frames):
+    lag = dissemination.per_node_lag(frames["obs"], EXACT)
+    expected = spark.createDataFrame(
+        [
+            ("a", 5, 0.5, 0.98, 1.0),  # .2 .2 .5 .5 1.0
+            ("b", 5, 0.5, 1.96, 2.0),  # .3 .4 .5 1 2
+            ("c", 3, 0.9, 0.998, 1.0),  # .4 .9 1
+            ("d", 1, 2.0, 2.0, 2.0),
+        ],
+        "node string, observations long, lag_p50_s double, lag_p99_s double, lag_max_s double",
+    )
+    assertDataFrameEqual(lag, expected)
+
+
+def test_real_traces_infer_crashes_from_silence(spark, tmp_path):
+    recs = [trace_record(ts_us=0, node=n, kind="node_start", subject=n) for n in "xyz"]
+    recs.append(trace_record(ts_us=10 * S, node="x", kind="broadcast"))  # then silence
+    recs.append(trace_record(ts_us=100 * S, node="y", kind="broadcast"))
+    recs.append(trace_record(ts_us=98 * S, node="z", kind="broadcast"))  # inside the grace
+    traces = load_traces(spark, [str(write_traces(tmp_path, recs))]).traces
+    life = lifetimes.node_lifetimes(traces, crash_grace_us=5 * S)
+    got = {r["node"]: (r["end_ts_us"], r["end_kind"]) for r in life.collect()}
+    assert got == {"x": (10 * S, "inferred_crash"), "y": (None, None), "z": (None, None)}
+
+
+def test_percentiles_switch_to_approx_above_the_limit(spark):
+    df = spark.createDataFrame([(float(i),) for i in range(1, 11)], "v double")
+    exact = choose_method(df, limit=10)
+    approx = choose_method(df, limit=9)
+    assert exact.exact and not approx.exact and approx.largest_group == 10
+    assert approx.as_json()["accuracy"] == 10_000 and approx.as_json()["method"] == "approx"
+    row = df.agg(pct("v", 0.5, exact).alias("e"), pct("v", 0.5, approx).alias("a")).first()
+    assert row["e"] == 5.5  # linear interpolation between 5 and 6
+    assert row["a"] == 5.0  # percentile_approx returns a value of the data
