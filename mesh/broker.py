@@ -27,7 +27,8 @@ from mesh.mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscri
 from mesh.mqtt.topics import parse_shared_subscription
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
-from session_store.model import NEVER_EXPIRES, Delivery, Message, Session, SubscriptionOptions
+from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions
+from session_store.store import MemoryStore, RecoveredState, SessionStore
 
 if TYPE_CHECKING:
     from mesh.connection import ClientConnection
@@ -47,6 +48,7 @@ class BrokerLimits:
     max_packet_size: int = 1048576
     topic_alias_maximum: int = 64
     max_keepalive: int = 65535
+    durability: str = "sync"
 
     @classmethod
     def from_settings(cls, settings: Any) -> "BrokerLimits":
@@ -81,9 +83,13 @@ _PER_HOP = {"topic_alias": None, "subscription_identifiers": ()}
 
 
 class Broker:
-    def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd") -> None:
+    def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None) -> None:
         self.limits = limits or BrokerLimits()
         self.node_id = node_id
+        self.store: SessionStore = store if store is not None else MemoryStore()
+        # In `sync` durability a PUBACK/PUBREC waits until what the PUBLISH wrote is synced.
+        self.acks_wait_for_sync = self.limits.durability == "sync"
+        self.ack_waiters: set[ClientConnection] = set()
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, ClientConnection] = {}
         self.subscriptions: TopicTrie[str] = TopicTrie()
@@ -140,16 +146,25 @@ class Broker:
             session = Session(client_id=client_id, persistent=expiry > 0)
             self.sessions[client_id] = session
         session.expiry_interval = expiry
-        session.persistent = expiry > 0
         session.protocol_level = level
         session.disconnected_at = None
         session.will = connect.will
+        self._set_persistent(session, expiry > 0)
+        if session.persistent:
+            self._store_meta(session)
+            if connect.will is not None:
+                # Kept so a crash of this node still sends the will on restart.
+                self.store.put_will(client_id, connect.will, None)
+            elif present:
+                self.store.delete_will(client_id)
         self.connections[client_id] = conn
         self.stats.connections_total += 1
         return session, present
 
     def connection_lost(self, conn: "ClientConnection", now: float, *, publish_will: bool) -> None:
         """The connection of a session ended (cleanly or not)."""
+        # Acks still waiting for a sync are dropped: the client resends those PUBLISHes.
+        self.ack_waiters.discard(conn)
         session = conn.session
         if session is None or self.connections.get(session.client_id) is not conn:
             return  # never attached, or already taken over by a newer connection
@@ -157,6 +172,7 @@ class Broker:
         session.disconnected_at = now
         will = conn.take_will()
         session.will = None
+        stored_will = False
         if publish_will and will is not None:
             delay = will.properties.will_delay_interval or 0 if conn.protocol_level == 5 else 0
             if delay == 0:
@@ -165,6 +181,13 @@ class Broker:
                 token = next(self._timer_seq)
                 self._pending_wills[session.client_id] = (token, will)
                 self._add_timer(now + delay, "will", session.client_id, token)
+                if session.persistent:
+                    self.store.put_will(session.client_id, will, now + delay)
+                    stored_will = True
+        if session.stored:
+            if not stored_will:
+                self.store.delete_will(session.client_id)
+            self._store_meta(session)
         if session.expiry_interval == 0:
             self._end_session(session, now, publish_pending_will=True)
         elif session.expiry_interval != NEVER_EXPIRES:
@@ -173,6 +196,9 @@ class Broker:
     def _end_session(self, session: Session, now: float, *, publish_pending_will: bool) -> None:
         for topic_filter in list(session.subscriptions):
             self._remove_subscription(session, topic_filter)
+        if session.stored:
+            self.store.delete_session(session.client_id)
+            session.stored = False
         self.sessions.pop(session.client_id, None)
         pending = self._pending_wills.pop(session.client_id, None)
         if pending is not None and publish_pending_will:
@@ -210,6 +236,9 @@ class Broker:
                 pending = self._pending_wills.get(key)
                 if pending is not None and pending[0] == token:
                     del self._pending_wills[key]
+                    session = self.sessions.get(key)
+                    if session is not None and session.stored:
+                        self.store.delete_will(key)
                     self._publish_will(key, pending[1], now)
             elif kind == "expire":
                 session = self.sessions.get(key)
@@ -234,6 +263,8 @@ class Broker:
             subscription_id=subscription_id,
         )
         session.subscriptions[sub.topic_filter] = options
+        if session.persistent:
+            self.store.put_subscription(session.client_id, sub.topic_filter, options)
         if group is None:
             self.subscriptions.add(real_filter, session.client_id)
         else:
@@ -259,6 +290,8 @@ class Broker:
 
     def _remove_subscription(self, session: Session, topic_filter: str) -> None:
         session.subscriptions.pop(topic_filter, None)
+        if session.stored:
+            self.store.delete_subscription(session.client_id, topic_filter)
         group, real_filter = parse_shared_subscription(topic_filter)
         if group is None:
             self.subscriptions.remove(real_filter, session.client_id)
@@ -290,10 +323,13 @@ class Broker:
             self.stats.messages_in[msg.qos] += 1
         if msg.retain:
             if not msg.payload:
-                self.retained.delete(msg.topic)
+                if self.retained.delete(msg.topic) and not internal:
+                    self.store.delete_retained(msg.topic)
             else:
                 self.retained.set(msg.topic, msg)
                 self.stats.retained_set += 1
+                if not internal:
+                    self.store.put_retained(msg)
         return self._route(msg, now)
 
     def _route(self, msg: Message, now: float) -> int:
@@ -368,11 +404,160 @@ class Broker:
             return
         if delivery.qos == 0 and not self.limits.queue_qos0:
             return
-        dropped = session.enqueue(delivery, self.limits.max_queued_messages)
-        if dropped is not None:
-            self.note_queue_drop(session, dropped)
+        self.enqueue(session, delivery)
 
-    def note_queue_drop(self, session: Session, dropped: Delivery) -> None:
+    # ------------------------------------------- session state changes (mirrored to the store)
+
+    def enqueue(self, session: Session, delivery: Delivery) -> None:
+        if session.persistent and not delivery.seq:
+            delivery.seq = session.take_seq()
+        dropped = session.enqueue(delivery, self.limits.max_queued_messages)
+        if session.persistent and dropped is not delivery:
+            self.store.put_queued(session.client_id, delivery)
+        if dropped is not None:
+            if session.stored and dropped.seq and dropped is not delivery:
+                self.store.delete_queued(session.client_id, dropped.seq)
+            self._note_queue_drop(session, dropped)
+
+    def dequeue(self, session: Session) -> Delivery:
+        delivery = session.queue.popleft()
+        if session.stored and delivery.seq:
+            self.store.delete_queued(session.client_id, delivery.seq)
+        return delivery
+
+    def add_inflight(self, session: Session, packet_id: int, delivery: Delivery) -> None:
+        session.inflight[packet_id] = InflightEntry(delivery)
+        if session.persistent:
+            if not delivery.seq:
+                delivery.seq = session.take_seq()
+            self.store.put_inflight(session.client_id, packet_id, delivery, "publish")
+
+    def release_inflight(self, session: Session, packet_id: int) -> bool:
+        if session.inflight.pop(packet_id, None) is None:
+            return False
+        if session.stored:
+            self.store.delete_inflight(session.client_id, packet_id)
+        return True
+
+    def mark_pubrel(self, session: Session, packet_id: int, entry: InflightEntry) -> None:
+        entry.state = "pubrel"
+        if session.stored:
+            self.store.put_inflight(session.client_id, packet_id, entry.delivery, "pubrel")
+
+    def qos2_received(self, session: Session, packet_id: int) -> None:
+        session.qos2_in.add(packet_id)
+        if session.persistent:
+            self.store.put_qos2_in(session.client_id, packet_id)
+
+    def qos2_released(self, session: Session, packet_id: int) -> None:
+        session.qos2_in.discard(packet_id)
+        if session.stored:
+            self.store.delete_qos2_in(session.client_id, packet_id)
+
+    def set_expiry(self, session: Session, expiry: int) -> None:
+        """Session expiry changed by DISCONNECT."""
+        session.expiry_interval = expiry
+        self._set_persistent(session, expiry > 0)
+        if session.persistent:
+            self._store_meta(session)
+
+    def _set_persistent(self, session: Session, persistent: bool) -> None:
+        if persistent and not session.stored:
+            session.persistent = True
+            self._store_everything(session)
+        elif not persistent and session.stored:
+            self.store.delete_session(session.client_id)
+            session.stored = False
+        session.persistent = persistent
+
+    def _store_meta(self, session: Session) -> None:
+        self.store.put_session(session.client_id, session.expiry_interval, session.protocol_level, session.disconnected_at, session.next_seq)
+        session.stored = True
+
+    def _store_everything(self, session: Session) -> None:
+        """A session became persistent: write all it holds so far."""
+        self._store_meta(session)
+        cid = session.client_id
+        for topic_filter, options in session.subscriptions.items():
+            self.store.put_subscription(cid, topic_filter, options)
+        for pid, entry in session.inflight.items():
+            if not entry.delivery.seq:
+                entry.delivery.seq = session.take_seq()
+            self.store.put_inflight(cid, pid, entry.delivery, entry.state)
+        for d in session.queue:
+            if not d.seq:
+                d.seq = session.take_seq()
+            self.store.put_queued(cid, d)
+        for pid in session.qos2_in:
+            self.store.put_qos2_in(cid, pid)
+
+    def on_durable(self) -> None:
+        """The store committed a batch: release acknowledgements that waited for it."""
+        durable = self.store.durable_epoch
+        for conn in list(self.ack_waiters):
+            if conn.release_acks(durable):
+                self.ack_waiters.discard(conn)
+
+    # ------------------------------------------------------------------ restart
+
+    def restore(self, state: RecoveredState, now: float) -> None:
+        """Rebuild sessions, tries, retained messages and timers from the store."""
+        for msg in state.retained:
+            if not msg.expired(now):
+                self.retained.set(msg.topic, msg)
+            else:
+                self.store.delete_retained(msg.topic)
+        ids = [msg.msg_id for msg in state.retained]
+        for stored in state.sessions.values():
+            cid = stored.client_id
+            seqs = [d.seq for _, d, _ in stored.inflight] + [d.seq for d in stored.queue]
+            session = Session(
+                client_id=cid, persistent=True, expiry_interval=stored.expiry_interval,
+                protocol_level=stored.protocol_level, stored=True,
+                # A session that was connected when the node stopped was disconnected then.
+                disconnected_at=stored.disconnected_at if stored.disconnected_at is not None else now,
+                next_seq=max([stored.next_seq] + [q + 1 for q in seqs]),
+            )
+            self.sessions[cid] = session
+            for topic_filter, options in stored.subscriptions.items():
+                session.subscriptions[topic_filter] = options
+                group, real_filter = parse_shared_subscription(topic_filter)
+                if group is None:
+                    self.subscriptions.add(real_filter, cid)
+                else:
+                    members = self.shared_members.setdefault((group, real_filter), [])
+                    members.append(cid)
+                    self.shared.add(real_filter, group)
+            for pid, delivery, st in stored.inflight:
+                session.inflight[pid] = InflightEntry(delivery, st)
+                ids.append(delivery.message.msg_id)
+            session.queue.extend(stored.queue)
+            ids.extend(d.message.msg_id for d in stored.queue)
+            session.qos2_in.update(stored.qos2_in)
+            if stored.disconnected_at is None:
+                self._store_meta(session)
+            if stored.will is not None:
+                will, due = stored.will
+                if due is None:  # connected at the crash: the close was abnormal
+                    delay = will.properties.will_delay_interval or 0
+                    due = now + delay
+                token = next(self._timer_seq)
+                self._pending_wills[cid] = (token, will)
+                self._add_timer(due, "will", cid, token)
+            deadline = session.expires_at()
+            if deadline is not None:
+                self._add_timer(max(deadline, now), "expire", cid, 0)
+        if ids:
+            self._msg_ids = itertools.count(max(ids) + 1)
+        if state.sessions or state.retained:
+            log.info(
+                "restored %d persistent sessions (%d queued, %d inflight messages) and %d retained messages%s",
+                len(state.sessions), sum(len(s.queue) for s in state.sessions.values()),
+                sum(len(s.inflight) for s in state.sessions.values()), len(state.retained),
+                f"; skipped {state.skipped} unreadable records" if state.skipped else "",
+            )
+
+    def _note_queue_drop(self, session: Session, dropped: Delivery) -> None:
         self.stats.dropped_queue_full += 1
         if session.dropped == 1 or session.dropped % 1000 == 0:
             log.warning(

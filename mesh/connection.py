@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,7 +46,7 @@ from mesh.mqtt import (
     encode,
     patch_publish,
 )
-from session_store.model import Delivery, InflightEntry, Session
+from session_store.model import Delivery, Session
 
 if TYPE_CHECKING:
     from mesh.broker import Broker
@@ -69,7 +70,7 @@ class ClientConnection:
         "session", "keep_alive", "will", "username", "send_window", "client_max_packet",
         "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_stop_writer",
         "_outbox", "_outbox_bytes", "_wake", "_reader_scope", "request_problem_info",
-        "connect_timeout",
+        "connect_timeout", "_pending_acks",
     )
 
     def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0) -> None:
@@ -98,6 +99,7 @@ class ClientConnection:
         self._outbox_bytes = 0
         self._wake = trio.Event()
         self._reader_scope: trio.CancelScope | None = None
+        self._pending_acks: deque[tuple[int, Any]] = deque()
 
     # ---------------------------------------------------------------- output
 
@@ -140,12 +142,10 @@ class ClientConnection:
             self._send_publish(delivery, None, False, now, cache)
             return
         if session.queue or len(session.inflight) >= self.send_window:
-            dropped = session.enqueue(delivery, self.broker.limits.max_queued_messages)
-            if dropped is not None:
-                self.broker.note_queue_drop(session, dropped)
+            self.broker.enqueue(session, delivery)
             return
         pid = session.allocate_packet_id()
-        session.inflight[pid] = InflightEntry(delivery)
+        self.broker.add_inflight(session, pid, delivery)
         self._send_publish(delivery, pid, False, now, cache)
 
     def _send_publish(self, d: Delivery, packet_id: int | None, dup: bool, now: float, cache: dict[Any, bytes] | None) -> None:
@@ -185,7 +185,7 @@ class ClientConnection:
                 # MQTT-3.1.2-25: too big for this client: discard as if delivered.
                 self.broker.stats.dropped_too_large += 1
                 if packet_id is not None and self.session is not None:
-                    self.session.inflight.pop(packet_id, None)
+                    self.broker.release_inflight(self.session, packet_id)
                 return
             if key is not None:
                 cache[key] = data  # type: ignore[index]
@@ -198,16 +198,17 @@ class ClientConnection:
         session = self.session
         assert session is not None
         queue = session.queue
+        broker = self.broker
         while queue and len(session.inflight) < self.send_window and not self.closing:
-            d = queue.popleft()
+            d = broker.dequeue(session)
             if d.message.expired(now):
-                self.broker.stats.dropped_expired += 1
+                broker.stats.dropped_expired += 1
                 continue
             if d.qos == 0:
                 self._send_publish(d, None, False, now, None)
                 continue
             pid = session.allocate_packet_id()
-            session.inflight[pid] = InflightEntry(d)
+            broker.add_inflight(session, pid, d)
             self._send_publish(d, pid, False, now, None)
 
     def _resume(self, now: float) -> None:
@@ -219,7 +220,7 @@ class ClientConnection:
             if entry.state == "pubrel":
                 self.send(Pubrel(packet_id=pid))
             elif entry.delivery.message.expired(now):
-                del session.inflight[pid]
+                self.broker.release_inflight(session, pid)
                 self.broker.stats.dropped_expired += 1
             else:
                 self._send_publish(entry.delivery, pid, True, now, None)
@@ -491,21 +492,39 @@ class ClientConnection:
             if len(session.qos2_in) >= broker.limits.receive_maximum:
                 self._protocol_violation(_error(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded"))
                 return
+        store = broker.store
+        epoch_before = store.write_epoch
         msg = broker.make_message(topic, p.payload, qos, p.retain, props, self.client_id, now)
         matched = broker.publish(msg, now)
+        if qos == 0:
+            return
+        rc = ReasonCode.SUCCESS if matched or self.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
         if qos == 1:
-            rc = ReasonCode.SUCCESS if matched or self.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
-            self.send(Puback(packet_id=p.packet_id, reason_code=rc))
-        elif qos == 2:
-            session.qos2_in.add(p.packet_id)
-            rc = ReasonCode.SUCCESS if matched or self.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
-            self.send(Pubrec(packet_id=p.packet_id, reason_code=rc))
+            ack: Any = Puback(packet_id=p.packet_id, reason_code=rc)
+        else:
+            broker.qos2_received(session, p.packet_id)
+            ack = Pubrec(packet_id=p.packet_id, reason_code=rc)
+        # Principle 6: acknowledge only once what this PUBLISH wrote is synced.
+        wait_for = store.write_epoch if broker.acks_wait_for_sync and store.write_epoch != epoch_before else 0
+        if self._pending_acks or wait_for > store.durable_epoch:
+            # Acks leave in PUBLISH order (MQTT-4.6.0-2), so later ones queue behind.
+            self._pending_acks.append((wait_for, ack))
+            broker.ack_waiters.add(self)
+        else:
+            self.send(ack)
+
+    def release_acks(self, durable_epoch: int) -> bool:
+        """Send the acks whose writes are now durable; True when none are left."""
+        pending = self._pending_acks
+        while pending and pending[0][0] <= durable_epoch:
+            self.send(pending.popleft()[1])
+        return not pending
 
     def _on_pubrel(self, p: Pubrel) -> None:
         session = self.session
         assert session is not None
         if p.packet_id in session.qos2_in:
-            session.qos2_in.discard(p.packet_id)
+            self.broker.qos2_released(session, p.packet_id)
             self.send(Pubcomp(packet_id=p.packet_id))
         else:
             self.send(Pubcomp(packet_id=p.packet_id, reason_code=ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
@@ -513,7 +532,7 @@ class ClientConnection:
     def _on_ack(self, packet_id: int, now: float) -> None:
         session = self.session
         assert session is not None
-        if session.inflight.pop(packet_id, None) is not None:
+        if self.broker.release_inflight(session, packet_id):
             self._fill_window(now)
 
     def _on_pubrec(self, p: Pubrec, now: float) -> None:
@@ -526,10 +545,11 @@ class ClientConnection:
             return
         if p.reason_code >= 0x80:
             # The receiver refused the message: the exchange ends here.
-            del session.inflight[p.packet_id]
+            self.broker.release_inflight(session, p.packet_id)
             self._fill_window(now)
             return
-        entry.state = "pubrel"
+        if entry.state != "pubrel":
+            self.broker.mark_pubrel(session, p.packet_id, entry)
         self.send(Pubrel(packet_id=p.packet_id))
 
     def _on_subscribe(self, p: Subscribe, now: float) -> None:
@@ -566,8 +586,7 @@ class ClientConnection:
                 # MQTT-3.14.2-2: a 0 expiry from CONNECT cannot be raised on DISCONNECT.
                 self._protocol_violation(_error(ReasonCode.PROTOCOL_ERROR, "session expiry raised on DISCONNECT"))
                 return
-            session.expiry_interval = expiry
-            session.persistent = expiry > 0
+            self.broker.set_expiry(session, expiry)
         self.closing = True
 
 

@@ -15,7 +15,9 @@ connections get `shutdown_timeout` seconds to finish before they are cancelled.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
+import os
 import math
 import signal
 import time
@@ -31,6 +33,7 @@ from mesh.connection import ClientConnection
 from mesh.mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
+from session_store.rocks import RocksStore, StoreOpenError
 
 log = logging.getLogger("meshd.node")
 
@@ -58,7 +61,15 @@ class Node:
     def __init__(self, settings: Settings, node_id: str | None = None) -> None:
         self.settings = settings
         self.node_id = node_id or resolve_node_id(settings)
-        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id)
+        store_path = os.path.join(settings.data_dir, "sessions")
+        try:
+            self.store = RocksStore(store_path)
+        except StoreOpenError as exc:
+            raise ConfigError("data_dir", str(exc)) from None
+        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store)
+        self.broker.restore(self.store.load(), time.time())
+        self._store_dirty = trio.Event()
+        self.store.on_dirty = lambda: self._store_dirty.set()
         self.started_at = time.time()
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()
@@ -84,6 +95,7 @@ class Node:
                 if s.http is not None:
                     self.ports["http"] = await self._start_http(services, s.http)
                 services.start_soon(self._timer_loop)
+                services.start_soon(self._commit_loop)
                 if s.sys_interval > 0:
                     services.start_soon(self._sys_loop)
                 log.info(
@@ -99,6 +111,9 @@ class Node:
             self.broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
             log.info("disconnected %d clients (0x8B server shutting down)", clients)
             connections.cancel_scope.deadline = trio.current_time() + s.shutdown_timeout
+        with trio.CancelScope(shield=True):
+            await self._commit_pending()
+        self.store.close()
         log.info("node %s stopped", self.node_id)
 
     async def _open_listeners(self, key: str, addr: HostPort) -> list[trio.SocketListener]:
@@ -178,6 +193,30 @@ class Node:
             with trio.move_on_after(delay):
                 await self._timer_wake.wait()
             broker.handle_timers(time.time())
+
+    async def _commit_loop(self) -> None:
+        """Group commit: one store batch per round, written off the Trio thread.
+
+        sync: commit as soon as there is work; acks wait for it (principle 6).
+        batch: acks do not wait; commit (synced) every `durability_batch_ms`, which
+        bounds what a crash of the machine can lose.  off: same rhythm, no fsync."""
+        mode = self.settings.durability
+        pause = 0.0 if mode == "sync" else self.settings.durability_batch_ms / 1000
+        while True:
+            await self._store_dirty.wait()
+            self._store_dirty = trio.Event()
+            if pause:
+                await trio.sleep(pause)
+            await self._commit_pending()
+
+    async def _commit_pending(self) -> None:
+        store = self.store
+        sync = self.settings.durability != "off"
+        while store.has_pending():
+            batch, epoch = store.take_batch()
+            await trio.to_thread.run_sync(functools.partial(store.write_batch, batch, sync=sync))
+            store.mark_durable(epoch)
+            self.broker.on_durable()
 
     async def _sys_loop(self) -> None:
         while True:

@@ -84,13 +84,15 @@ class SubscriptionOptions:
 class Delivery:
     """A message on its way to one session, with that session's view of it."""
 
-    __slots__ = ("message", "qos", "retain", "subscription_ids")
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "seq")
 
     def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> None:
         self.message = message
         self.qos = qos
         self.retain = retain
         self.subscription_ids = subscription_ids
+        # Position in the session's stream, for the store's key order (0 = not stored).
+        self.seq = 0
 
 
 class InflightEntry:
@@ -117,7 +119,14 @@ class Session:
     will: Any = None
     disconnected_at: float | None = None
     dropped: int = 0
+    stored: bool = False  # has records in the store (so ending it must delete them)
+    next_seq: int = 1
     _next_packet_id: int = 1
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
 
     def allocate_packet_id(self) -> int:
         """Next packet id in 1..65535 not in use by an inflight message."""

@@ -1,0 +1,99 @@
+"""The RocksDB session store (`rocksdict`, real RocksDB). The only module that touches it.
+
+Layout: one RocksDB at `<data_dir>/sessions`, raw byte keys and values, one column
+family per kind of record:
+
+=============  =================================  =======================================
+family         key                                value (CBOR, `"v": 1`)
+=============  =================================  =======================================
+sessions       client_id                          expiry interval, protocol level,
+                                                  disconnected-at (wall clock), next seq
+subscriptions  client_id \\0 filter                QoS, no local, retain as published,
+                                                  retain handling, subscription id
+inflight       client_id \\0 packet id (u16 BE)    the delivery (message, QoS, retain,
+                                                  subscription ids, seq) and its state
+                                                  (publish / pubrel)
+queue          client_id \\0 seq (u64 BE)          the delivery; key order = queue order
+qos2_in        client_id \\0 packet id (u16 BE)    1 (PUBREC sent, PUBREL awaited)
+wills          client_id                          the will and, when pending, its due time
+retained       topic                              the message
+meta           name                               any CBOR value (cluster config later)
+=============  =================================  =======================================
+
+A session is removed with one range delete per session-scoped family
+(`client_id\\0` .. `client_id\\1`).  Batches are written with `WriteOptions.sync` in
+`sync` and `batch` durability and without it in `off` (see `mesh.persistence`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from session_store.store import COLUMN_FAMILIES, SessionStore
+
+
+class StoreOpenError(Exception):
+    """The database cannot be opened (locked by another process, corrupt, unreadable)."""
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class RocksStore(SessionStore):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self._db: Rdict | None = Rdict(
+                self.path, options=_options(), column_families={cf: _options() for cf in COLUMN_FAMILIES}
+            )
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's message
+            raise StoreOpenError(f"cannot open session store at {self.path}: {exc}") from None
+        self._handles = {cf: self._db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
+        self._batch = WriteBatch(raw_mode=True)
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self._nosync = WriteOptions()
+
+    def _put(self, cf: str, key: bytes, value: bytes) -> None:
+        self._batch.put(key, value, self._handles[cf])
+
+    def _delete(self, cf: str, key: bytes) -> None:
+        self._batch.delete(key, self._handles[cf])
+
+    def _delete_prefix(self, cf: str, prefix: bytes) -> None:
+        # Keys with this prefix sort in [prefix, prefix[:-1] + 0x01): the prefix ends in \0.
+        self._batch.delete_range(prefix, prefix[:-1] + b"\x01", self._handles[cf])
+
+    def take_batch(self) -> tuple[WriteBatch, int]:
+        batch, self._batch = self._batch, WriteBatch(raw_mode=True)
+        return batch, self.write_epoch
+
+    def write_batch(self, batch: Any, *, sync: bool) -> None:
+        assert self._db is not None, "store is closed"
+        if batch.len():
+            self._db.write(batch, self._sync if sync else self._nosync)
+
+    def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
+        assert self._db is not None, "store is closed"
+        family = self._db.get_column_family(cf)
+        try:
+            yield from family.items()
+        finally:
+            del family
+
+    def close(self) -> None:
+        """Release the DB (and its lock) so the same path can be opened again."""
+        if self._db is None:
+            return
+        self._handles.clear()
+        self._db.close()
+        self._db = None

@@ -1,0 +1,313 @@
+"""The session store interface and its in-memory implementation.
+
+The broker keeps live session state in `session_store.model` objects; a store is the
+durable mirror of the persistent part of it.  Every change is recorded into the
+current batch (no I/O on the Trio thread); the node's committer takes the batch and
+writes it in one go off the Trio thread (`write_batch`, group commit), then marks its
+epoch durable.  An acknowledgement that promises durability waits until
+`durable_epoch >= ` the `write_epoch` it was made at.
+
+Keys (bytes):  session-scoped records are `client_id + b"\\0" + suffix`, so one
+session's records sort together and a session is removed by deleting one key range;
+MQTT strings cannot contain U+0000, so the separator cannot occur in a client id.
+Queue suffixes are the delivery sequence number as 8 big-endian bytes, so a prefix scan
+returns the queue in order.  Values are versioned CBOR (`session_store.records`).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from mesh.mqtt import Will
+from session_store import records
+from session_store.model import Delivery, Message, SubscriptionOptions
+
+log = logging.getLogger("meshd.session_store")
+
+SEP = b"\x00"
+COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta")
+SESSION_SCOPED = ("subscriptions", "inflight", "queue", "qos2_in")
+
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+
+
+def session_prefix(client_id: str) -> bytes:
+    return client_id.encode("utf-8") + SEP
+
+
+def split_key(key: bytes) -> tuple[str, bytes]:
+    cid, _, suffix = key.partition(SEP)
+    return cid.decode("utf-8"), suffix
+
+
+@dataclass
+class StoredSession:
+    client_id: str
+    expiry_interval: int = 0
+    protocol_level: int = 4
+    disconnected_at: float | None = None
+    next_seq: int = 1
+    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+    inflight: list[tuple[int, Delivery, str]] = field(default_factory=list)  # in send order
+    queue: list[Delivery] = field(default_factory=list)  # in order
+    qos2_in: set[int] = field(default_factory=set)
+    will: tuple[Will, float | None] | None = None
+
+
+@dataclass
+class RecoveredState:
+    sessions: dict[str, StoredSession] = field(default_factory=dict)
+    retained: list[Message] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    skipped: int = 0  # unreadable values, logged with their keys
+
+
+class SessionStore(ABC):
+    """Record changes into a batch; commit batches off-thread; load everything at start."""
+
+    def __init__(self) -> None:
+        self.write_epoch = 0  # bumped by every recorded change
+        self.durable_epoch = 0  # every change up to this epoch is committed
+        self.on_dirty: Callable[[], None] = lambda: None
+
+    # -- the batch, implemented per backend ------------------------------------------------
+
+    @abstractmethod
+    def _put(self, cf: str, key: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def _delete(self, cf: str, key: bytes) -> None: ...
+
+    @abstractmethod
+    def _delete_prefix(self, cf: str, prefix: bytes) -> None: ...
+
+    @abstractmethod
+    def take_batch(self) -> tuple[Any, int]:
+        """Hand over the current batch (and the epoch it reaches) and start a new one."""
+
+    @abstractmethod
+    def write_batch(self, batch: Any, *, sync: bool) -> None:
+        """Write a batch taken by `take_batch`. Blocking: call it from a worker thread."""
+
+    @abstractmethod
+    def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
+        """Every (key, value) of a column family in key order (start-up only)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def _changed(self) -> None:
+        first = self.write_epoch == self.durable_epoch
+        self.write_epoch += 1
+        if first:
+            self.on_dirty()
+
+    def has_pending(self) -> bool:
+        return self.write_epoch > self.durable_epoch
+
+    def mark_durable(self, epoch: int) -> None:
+        if epoch > self.durable_epoch:
+            self.durable_epoch = epoch
+
+    # -- what the broker records -----------------------------------------------------------
+
+    def put_session(self, client_id: str, expiry_interval: int, protocol_level: int, disconnected_at: float | None, next_seq: int) -> None:
+        self._put("sessions", client_id.encode("utf-8"), records.encode_session(expiry_interval, protocol_level, disconnected_at, next_seq))
+        self._changed()
+
+    def delete_session(self, client_id: str) -> None:
+        """Remove every record of one session."""
+        self._delete("sessions", client_id.encode("utf-8"))
+        self._delete("wills", client_id.encode("utf-8"))
+        prefix = session_prefix(client_id)
+        for cf in SESSION_SCOPED:
+            self._delete_prefix(cf, prefix)
+        self._changed()
+
+    def put_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
+        self._put("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"), records.encode_subscription(options))
+        self._changed()
+
+    def delete_subscription(self, client_id: str, topic_filter: str) -> None:
+        self._delete("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"))
+        self._changed()
+
+    def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
+        self._put("inflight", session_prefix(client_id) + _U16.pack(packet_id), records.encode_delivery(delivery, state=state))
+        self._changed()
+
+    def delete_inflight(self, client_id: str, packet_id: int) -> None:
+        self._delete("inflight", session_prefix(client_id) + _U16.pack(packet_id))
+        self._changed()
+
+    def put_queued(self, client_id: str, delivery: Delivery) -> None:
+        self._put("queue", session_prefix(client_id) + _U64.pack(delivery.seq), records.encode_delivery(delivery))
+        self._changed()
+
+    def delete_queued(self, client_id: str, seq: int) -> None:
+        self._delete("queue", session_prefix(client_id) + _U64.pack(seq))
+        self._changed()
+
+    def put_qos2_in(self, client_id: str, packet_id: int) -> None:
+        self._put("qos2_in", session_prefix(client_id) + _U16.pack(packet_id), records.encode_value(1))
+        self._changed()
+
+    def delete_qos2_in(self, client_id: str, packet_id: int) -> None:
+        self._delete("qos2_in", session_prefix(client_id) + _U16.pack(packet_id))
+        self._changed()
+
+    def put_will(self, client_id: str, will: Will, due_at: float | None) -> None:
+        self._put("wills", client_id.encode("utf-8"), records.encode_will(will, due_at))
+        self._changed()
+
+    def delete_will(self, client_id: str) -> None:
+        self._delete("wills", client_id.encode("utf-8"))
+        self._changed()
+
+    def put_retained(self, msg: Message) -> None:
+        self._put("retained", msg.topic.encode("utf-8"), records.encode_message(msg))
+        self._changed()
+
+    def delete_retained(self, topic: str) -> None:
+        self._delete("retained", topic.encode("utf-8"))
+        self._changed()
+
+    def put_meta(self, key: str, value: Any) -> None:
+        self._put("meta", key.encode("utf-8"), records.encode_value(value))
+        self._changed()
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def load(self) -> RecoveredState:
+        """Read everything back. An unreadable value is logged with its key and skipped."""
+        state = RecoveredState()
+        sessions = state.sessions
+
+        def bad(cf: str, key: bytes, exc: Exception) -> None:
+            state.skipped += 1
+            log.error("session store: skipping unreadable %s record %r: %s", cf, key, exc)
+
+        for key, value in self.scan("sessions"):
+            try:
+                meta = records.decode_session(value)
+                cid = key.decode("utf-8")
+            except (records.RecordError, UnicodeDecodeError) as exc:
+                bad("sessions", key, exc)
+                continue
+            sessions[cid] = StoredSession(cid, **meta)
+
+        def owner(cf: str, key: bytes) -> tuple[StoredSession, bytes] | None:
+            try:
+                cid, suffix = split_key(key)
+            except UnicodeDecodeError as exc:
+                bad(cf, key, exc)
+                return None
+            s = sessions.get(cid)
+            if s is None:
+                bad(cf, key, records.RecordError("no session record for it"))
+                return None
+            return s, suffix
+
+        for key, value in self.scan("subscriptions"):
+            found = owner("subscriptions", key)
+            if found is None:
+                continue
+            try:
+                found[0].subscriptions[found[1].decode("utf-8")] = records.decode_subscription(value)
+            except (records.RecordError, UnicodeDecodeError) as exc:
+                bad("subscriptions", key, exc)
+        for key, value in self.scan("inflight"):
+            found = owner("inflight", key)
+            if found is None:
+                continue
+            try:
+                d, st = records.decode_delivery(value)
+                found[0].inflight.append((_U16.unpack(found[1])[0], d, st or "publish"))
+            except (records.RecordError, struct.error) as exc:
+                bad("inflight", key, exc)
+        for key, value in self.scan("queue"):
+            found = owner("queue", key)
+            if found is None:
+                continue
+            try:
+                d, _ = records.decode_delivery(value)
+                found[0].queue.append(d)
+            except records.RecordError as exc:
+                bad("queue", key, exc)
+        for key, value in self.scan("qos2_in"):
+            found = owner("qos2_in", key)
+            if found is None:
+                continue
+            try:
+                found[0].qos2_in.add(_U16.unpack(found[1])[0])
+            except struct.error as exc:
+                bad("qos2_in", key, exc)
+        for key, value in self.scan("wills"):
+            try:
+                cid = key.decode("utf-8")
+                will = records.decode_will(value)
+            except (records.RecordError, UnicodeDecodeError) as exc:
+                bad("wills", key, exc)
+                continue
+            if cid in sessions:
+                sessions[cid].will = will
+            else:
+                bad("wills", key, records.RecordError("no session record for it"))
+        for key, value in self.scan("retained"):
+            try:
+                state.retained.append(records.decode_message(value))
+            except records.RecordError as exc:
+                bad("retained", key, exc)
+        for key, value in self.scan("meta"):
+            try:
+                state.meta[key.decode("utf-8")] = records.decode_value(value)
+            except (records.RecordError, UnicodeDecodeError) as exc:
+                bad("meta", key, exc)
+        for s in sessions.values():
+            s.inflight.sort(key=lambda entry: entry[1].seq)
+            s.queue.sort(key=lambda d: d.seq)
+        return state
+
+
+class MemoryStore(SessionStore):
+    """The same contract with no disk: for clean-only nodes and tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._data: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
+        self._batch: list[tuple[str, str, bytes, bytes | None]] = []
+
+    def _put(self, cf: str, key: bytes, value: bytes) -> None:
+        self._batch.append(("put", cf, key, value))
+
+    def _delete(self, cf: str, key: bytes) -> None:
+        self._batch.append(("del", cf, key, None))
+
+    def _delete_prefix(self, cf: str, prefix: bytes) -> None:
+        self._batch.append(("prefix", cf, prefix, None))
+
+    def take_batch(self) -> tuple[list[tuple[str, str, bytes, bytes | None]], int]:
+        batch, self._batch = self._batch, []
+        return batch, self.write_epoch
+
+    def write_batch(self, batch: list[tuple[str, str, bytes, bytes | None]], *, sync: bool) -> None:
+        for op, cf, key, value in batch:
+            table = self._data[cf]
+            if op == "put":
+                table[key] = value  # type: ignore[assignment]
+            elif op == "del":
+                table.pop(key, None)
+            else:
+                for k in [k for k in table if k.startswith(key)]:
+                    del table[k]
+
+    def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
+        return sorted(self._data[cf].items())
+
+    def close(self) -> None:
+        self._batch.clear()
