@@ -7,6 +7,7 @@ v3.1/v3.1.1 packets have no properties; for them every packet carries
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from ._wire import (
@@ -195,6 +196,8 @@ def decode_properties(r: Reader, kind: str) -> Properties:
 
 
 _EMPTY_SECTION = b"\x00"
+# All property values in _SPEC order, in one C-level call.
+_ALL_VALUES = operator.attrgetter(*(name for _, name, _, _ in _SPEC))
 
 
 def encode_properties(props: Properties, kind: str) -> bytes:
@@ -203,8 +206,7 @@ def encode_properties(props: Properties, kind: str) -> bytes:
         return _EMPTY_SECTION
     allowed = ALLOWED_PROPERTIES[kind]
     out = bytearray()
-    for pid, name, typ, _ in _SPEC:
-        value = getattr(props, name)
+    for (pid, name, typ, _), value in zip(_SPEC, _ALL_VALUES(props)):
         if value is None or value == ():
             continue
         if pid not in allowed:

@@ -8,7 +8,7 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.mqtt import Decoder, MQTTError, Publish, encode, patch_publish
+from mesh.mqtt import Decoder, MQTTError, encode, patch_publish
 
 from .helpers import decoder_for
 from .strategies import level_and_packet, levels, publishes
