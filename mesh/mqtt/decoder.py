@@ -44,7 +44,7 @@ from .packets import (
     Unsubscribe,
     Will,
 )
-from .properties import EMPTY_PROPERTIES, decode_properties
+from .properties import EMPTY_PROPERTIES, Properties, decode_properties
 from .reason_codes import (
     AUTH_REASONS,
     CONNACK_REASONS,
@@ -76,6 +76,12 @@ _BARE_DISCONNECT = Disconnect()
 _BARE_AUTH = Auth()
 # Compact the buffer once this many consumed bytes sit in front of the unread ones.
 _COMPACT_AT = 1 << 16
+
+
+def _check_authentication(props: Properties, kind: str) -> None:
+    if props.authentication_data is not None and props.authentication_method is None:
+        # [MQTT-3.1.2.11.10] / 3.2.2.3.17 / 3.15.2.2.3
+        raise ProtocolError(f"{kind} has authentication data but no authentication method")
 
 
 class Decoder:
@@ -328,6 +334,7 @@ class Decoder:
             raise MalformedPacket("password without a user name [MQTT-3.1.2-22]")
         keep_alive = r.u16()
         props = decode_properties(r, "CONNECT") if level == 5 else EMPTY_PROPERTIES
+        _check_authentication(props, "CONNECT")
         client_id = r.utf8()
         will = None
         if will_flag:
@@ -366,6 +373,7 @@ class Decoder:
             reason = code
             props = decode_properties(r, "CONNACK")
             r.expect_end("CONNACK")
+            _check_authentication(props, "CONNACK")
         session_present = bool(flags & 0x01)
         if session_present and reason:
             raise ProtocolError("CONNACK refuses but says a session is present [MQTT-3.2.2-6]")
@@ -514,4 +522,5 @@ class Decoder:
         r = Reader(body, 1)
         props = decode_properties(r, "AUTH")
         r.expect_end("AUTH")
+        _check_authentication(props, "AUTH")
         return Auth(code, props)

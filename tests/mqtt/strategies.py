@@ -115,7 +115,14 @@ def properties(kind: str, level: int = 5, exclude: tuple[str, ...] = ()) -> st.S
     }
     if kind == "SUBSCRIBE":
         optional["subscription_identifiers"] = st.integers(1, 268_435_455).map(lambda n: (n,))
-    return st.fixed_dictionaries({}, optional=optional).map(lambda d: Properties(**d))
+    return st.fixed_dictionaries({}, optional=optional).map(_with_auth_method).map(lambda d: Properties(**d))
+
+
+def _with_auth_method(values: dict) -> dict:
+    # authentication data needs an authentication method [MQTT-3.1.2.11.10]
+    if "authentication_data" in values and "authentication_method" not in values:
+        values = {**values, "authentication_method": "method"}
+    return values
 
 
 _V3_CONNACK = (0x00, 0x84, 0x85, 0x86, 0x87, 0x88)  # the codes that survive a v3 round trip

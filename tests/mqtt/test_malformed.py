@@ -160,6 +160,9 @@ CASES = [
      pkt(0x82, u16(1) + props(b"\x0b\x01", b"\x0b\x02") + s("a") + b"\x00"), P, "given twice"),
     ("prop-subscription-id-from-client", S, 5, publish5("t", props(b"\x0b\x01")), P, "subscription identifier"),
     ("prop-session-expiry-in-server-disconnect", C, 5, pkt(0xE0, b"\x00" + props(b"\x11" + bytes(4))), P, "session expiry"),
+    ("auth-data-without-method-connect", S, None, connect(level=5, cprops=props(b"\x16" + s(b"d"))), P, "no authentication method"),
+    ("auth-data-without-method-connack", C, 5, pkt(0x20, b"\x00\x00" + props(b"\x16" + s(b"d"))), P, "no authentication method"),
+    ("auth-data-without-method-auth", S, 5, pkt(0xF0, b"\x18" + props(b"\x16" + s(b"d"))), P, "no authentication method"),
     # --- packet ids
     ("publish-qos1-packet-id-0", S, 4, pkt(0x32, s("t") + u16(0)), P, "packet id 0"),
     ("publish-qos2-packet-id-0", S, 5, pkt(0x34, s("t") + u16(0) + props()), P, "packet id 0"),
