@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from mesh.mqtt import Connack, Connect, Decoder, Packet
+import socket
+
+from mesh.mqtt import Connack, Connect, Decoder, Packet, encode
 
 # Packets only a server receives / only a client receives; the rest go both ways.
 CLIENT_TO_SERVER_ONLY = {"Connect", "Subscribe", "Unsubscribe", "Pingreq"}
@@ -60,3 +62,30 @@ def check_splits(packet: Packet, data: bytes, level: int) -> None:
         decoder.feed(bytes((byte,)))
         seen.extend(decoder)
     assert seen == [packet, packet]
+
+
+TIMEOUT = 10.0
+
+
+class CodecServer:
+    """One accepted connection, driven by hand from the test."""
+
+    def __init__(self, listener: socket.socket, level: int) -> None:
+        self.sock, _ = listener.accept()
+        self.sock.settimeout(TIMEOUT)
+        self.level = level
+        self.decoder = Decoder(role="server")
+        self.pending: list = []
+
+    def read(self, expected_type: type):
+        while not self.pending:
+            data = self.sock.recv(65536)
+            assert data, "client closed the connection"
+            self.decoder.feed(data)
+            self.pending.extend(self.decoder)
+        packet = self.pending.pop(0)
+        assert isinstance(packet, expected_type), packet
+        return packet
+
+    def send(self, packet) -> None:
+        self.sock.sendall(encode(packet, self.level))

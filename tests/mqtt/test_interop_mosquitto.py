@@ -21,7 +21,7 @@ from mesh.mqtt import (
     Subscribe,
 )
 
-from .test_interop_paho import TIMEOUT, CodecServer
+from .helpers import TIMEOUT, CodecServer
 
 VERSIONS = {3: "mqttv31", 4: "mqttv311", 5: "mqttv5"}
 

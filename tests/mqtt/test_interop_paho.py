@@ -18,7 +18,6 @@ from paho.mqtt.properties import Properties as PahoProperties
 from mesh.mqtt import (
     Connack,
     Connect,
-    Decoder,
     Disconnect,
     Properties,
     Puback,
@@ -28,35 +27,9 @@ from mesh.mqtt import (
     Pubrel,
     Suback,
     Subscribe,
-    encode,
 )
 
-TIMEOUT = 10.0
-
-
-class CodecServer:
-    """One accepted connection, driven by hand from the test."""
-
-    def __init__(self, listener: socket.socket, level: int) -> None:
-        self.sock, _ = listener.accept()
-        self.sock.settimeout(TIMEOUT)
-        self.level = level
-        self.decoder = Decoder(role="server")
-        self.pending: list = []
-
-    def read(self, expected_type: type):
-        while not self.pending:
-            data = self.sock.recv(65536)
-            assert data, "client closed the connection"
-            self.decoder.feed(data)
-            self.pending.extend(self.decoder)
-        packet = self.pending.pop(0)
-        assert isinstance(packet, expected_type), packet
-        return packet
-
-    def send(self, packet) -> None:
-        self.sock.sendall(encode(packet, self.level))
-
+from .helpers import TIMEOUT, CodecServer
 
 def _wait(events: queue.Queue, kind: str):
     while True:
