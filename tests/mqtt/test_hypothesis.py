@@ -8,10 +8,11 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.mqtt import Decoder, MQTTError, encode, patch_publish
+import mesh.mqtt.decoder as decoder_module
+from mesh.mqtt import Connect, Decoder, MQTTError, encode, patch_publish
 
-from .helpers import decoder_for
-from .strategies import level_and_packet, levels, publishes
+from .helpers import decoder_for, role_for
+from .strategies import level_and_packet, levels, packets, publishes
 
 # MQTT_HYPOTHESIS_SCALE=10 for a long soak; the default keeps the folder fast.
 SCALE = float(os.environ.get("MQTT_HYPOTHESIS_SCALE", "1"))
@@ -111,3 +112,28 @@ def test_mutated_encodings_raise_only_mqtt_errors(level_packet, data):
     role = decoder_for(packet, level).role
     start_level = None if type(packet).__name__ == "Connect" else level
     _feed_all(role, start_level, [bytes(encoded), b"\xc0\x00\xd0\x00" * 2])
+
+
+@_settings(150)
+@given(levels.flatmap(lambda lvl: st.tuples(st.just(lvl), st.lists(packets(lvl), max_size=8))),
+       st.data(), st.sampled_from([1, 7, 1 << 16]))
+def test_packet_streams_in_any_chunking(level_packets, data, compact_at):
+    """Many packets back to back, cut anywhere, with buffer compaction at any point."""
+    level, stream = level_packets
+    server_side = [p for p in stream if role_for(p) == "server" and not isinstance(p, Connect)]
+    encoded = b"".join(encode(p, level) for p in server_side)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(encoded)), max_size=10)))
+    saved = decoder_module._COMPACT_AT
+    decoder_module._COMPACT_AT = compact_at
+    try:
+        decoder = Decoder(role="server", protocol_level=level)
+        got = []
+        prev = 0
+        for cut in cuts + [len(encoded)]:
+            decoder.feed(encoded[prev:cut])
+            prev = cut
+            got.extend(decoder)
+    finally:
+        decoder_module._COMPACT_AT = saved
+    assert got == server_side
+    assert decoder.buffered == 0
