@@ -47,6 +47,11 @@ class GossipConfig:
     lifeguard: bool = True
     # A seed join is retried this often while we know no live member.
     rejoin_interval: float = 5.0
+    # Every reconnect_interval we try a push-pull with one member we consider dead
+    # (serf's reconnect), for reconnect_timeout after we lost it, so the two sides of
+    # a healed partition find each other again without an operator.
+    reconnect_interval: float = 10.0
+    reconnect_timeout: float = 3600.0
     # UDP payload bound: stays under a 1,500-byte Ethernet MTU with IP/UDP headers.
     udp_buffer_size: int = 1400
 
@@ -81,6 +86,7 @@ LOCAL = GossipConfig(
     suspicion_mult=3,
     push_pull_interval=5.0,
     rejoin_interval=0.5,
+    reconnect_interval=1.0,
 )
 
 PRESETS: dict[str, GossipConfig] = {"lan": LAN, "wan": WAN, "local": LOCAL}

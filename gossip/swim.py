@@ -38,6 +38,7 @@ _T_NACK = 5
 _T_RELAY_EXPIRE = 6
 _T_REAP = 7
 _T_REJOIN = 8
+_T_RECONNECT = 9
 
 
 @dataclass(slots=True)
@@ -95,6 +96,7 @@ class Stats:
     refutations: int = 0
     probes: int = 0
     probe_failures: int = 0
+    probes_inconclusive: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
 
 
@@ -149,6 +151,7 @@ class Swim:
         self._encoder = wire.PacketEncoder(node_id)
         self._user_seen: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._user_seq = 0
+        self._limit_n, self._limit = -1, 0
 
         ts = self._ts(now)
         self.members[node_id] = Member(node_id, self.addr, ALIVE, incarnation, now, ts)
@@ -160,6 +163,9 @@ class Swim:
         self._schedule(now + rng.uniform(0, p), _T_PROBE, None)
         self._schedule(now + rng.uniform(0, config.gossip_interval), _T_GOSSIP, None)
         self._schedule(now + config.push_pull_interval * (1 + rng.random()), _T_PUSH_PULL, None)
+        self._schedule(now + config.reconnect_interval * (1 + rng.random()), _T_RECONNECT, None)
+        # members forgotten after being dead: id -> (address, when lost), for reconnect
+        self._lost: dict[str, tuple[Addr, float]] = {}
 
     # ------------------------------------------------------------------ driver API
 
@@ -240,10 +246,9 @@ class Swim:
         """Disseminate a user message; a newer one with the same (kind, key) wins."""
         self._user_seq += 1
         ts = self._ts(now)
-        event_id = f"{self.id}:{ts}:{self._user_seq}"
+        event_id = f"{self.id}:{ts}:{self._user_seq}"  # receivers rebuild it the same way
         self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
-        msg = {"t": wire.USER, "kind": kind, "key": key, "o": self.id, "ots": ts, "s": self._user_seq, "id": event_id, "p": payload, "h": 0}
-        data = wire.encode_part(msg)
+        data = wire.encode_part([wire.USER, kind, key, self.id, ts, self._user_seq, payload, 0])
         if len(data) + self._encoder.overhead > self.packet_limit:
             raise ValueError(f"broadcast of {len(data)} bytes does not fit one packet")
         self._queue.queue(("u", kind, key), data)
@@ -286,22 +291,23 @@ class Swim:
             self.stats.malformed += 1
             return
         for msg in msgs:
-            handler = _HANDLERS.get(msg["t"])
+            handler = _HANDLERS.get(msg[0])
             if handler is None:
                 self.stats.unknown_type += 1
                 continue
             try:
                 handler(self, msg, sender, addr, now)
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
                 self.stats.malformed += 1
 
     def _on_ping(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        if msg.get("target", self.id) != self.id:
+        _, seq, target = msg
+        if target != self.id:
             return  # addressed to whoever had this address before us
-        self._send(addr, [wire.encode_part({"t": wire.ACK, "seq": int(msg["seq"])})])
+        self._send(addr, [wire.encode_part([wire.ACK, int(seq)])])
 
     def _on_ack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        seq = int(msg["seq"])
+        seq = msg[1]
         probe = self._probe
         if probe is not None and probe.seq == seq:
             if not probe.acked:
@@ -311,49 +317,56 @@ class Swim:
         relay = self._relays.get(seq)
         if relay is not None and not relay.done:
             relay.done = True
-            self._send(relay.requester, [wire.encode_part({"t": wire.ACK, "seq": relay.requester_seq})])
+            self._send(relay.requester, [wire.encode_part([wire.ACK, relay.requester_seq])])
 
     def _on_nack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         probe = self._probe
-        if probe is not None and probe.seq == int(msg["seq"]) and not probe.acked:
+        if probe is not None and probe.seq == msg[1] and not probe.acked:
             probe.nacks += 1
 
     def _on_ping_req(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        target_addr = (str(msg["taddr"][0]), int(msg["taddr"][1]))
+        _, req_seq, target, host, port, nack = msg
+        target_addr = (str(host), int(port))
         self._seq += 1
         seq = self._seq
-        want_nack = bool(msg.get("nack")) and self.config.lifeguard
-        self._relays[seq] = _Relay(addr, int(msg["seq"]), want_nack)
-        self._send(target_addr, [wire.encode_part({"t": wire.PING, "seq": seq, "target": str(msg["target"])})])
+        want_nack = bool(nack) and self.config.lifeguard
+        self._relays[seq] = _Relay(addr, int(req_seq), want_nack)
+        self._send(target_addr, [wire.encode_part([wire.PING, seq, str(target)])])
         if want_nack:
-            # 80 % of the probe timeout, so the nack reaches the requester before its
-            # probe interval ends and counts towards its health
-            self._schedule(now + self.config.probe_timeout * 0.8, _T_NACK, seq)
+            # the requester sent this after its probe timeout and gives up at the end of
+            # its probe interval: nack at 80 % of that window so it arrives in time
+            window = min(self.config.probe_timeout, self.config.probe_interval - self.config.probe_timeout)
+            self._schedule(now + max(window, 0.0) * 0.8, _T_NACK, seq)
         self._schedule(now + self.config.probe_interval, _T_RELAY_EXPIRE, seq)
 
     def _on_alive(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        a = msg["addr"]
-        self._alive(str(msg["node"]), int(msg["inc"]), (str(a[0]), int(a[1])), str(msg.get("o", msg["node"])), int(msg["ots"]), int(msg["h"]) + 1, now)
+        _, node, inc, host, port, ots, hops = msg
+        m = self.members.get(node)
+        if m is not None and inc <= m.incarnation and m.state == ALIVE and node != self.id:
+            return  # old news, the common case: skip the conversions
+        self._alive(str(node), int(inc), (str(host), int(port)), str(node), int(ots), int(hops) + 1, now)
 
     def _on_suspect(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        self._suspect(str(msg["node"]), int(msg["inc"]), str(msg["by"]), int(msg["ots"]), int(msg["h"]) + 1, now)
+        _, node, inc, by, ots, hops = msg
+        self._suspect(str(node), int(inc), str(by), int(ots), int(hops) + 1, now)
 
     def _on_dead(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        self._dead(str(msg["node"]), int(msg["inc"]), str(msg["by"]), int(msg["ots"]), int(msg["h"]) + 1, now)
+        _, node, inc, by, ots, hops = msg
+        self._dead(str(node), int(inc), str(by), int(ots), int(hops) + 1, now)
 
     def _on_user(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        kind, key, origin = str(msg["kind"]), str(msg["key"]), str(msg["o"])
-        ots, seq = int(msg["ots"]), int(msg["s"])
+        _, kind, key, origin, ots, seq, payload, hops = msg
         version = (ots, seq, origin)
         prev = self._user_seen.get((kind, key))
         if prev is not None and version <= prev:
-            return  # duplicate or superseded
-        self._user_seen[(kind, key)] = version
-        hops = int(msg["h"]) + 1
-        fwd = dict(msg)
-        fwd["h"] = hops
-        self._queue.queue(("u", kind, key), wire.encode_part(fwd))
-        self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, str(msg["id"]), hops, msg.get("p"), False))
+            return  # duplicate or superseded: the common case, decided before any checks
+        if not (isinstance(kind, str) and isinstance(key, str) and isinstance(origin, str)):
+            raise TypeError("user broadcast with non-string kind/key/origin")
+        ots, seq, hops = int(ots), int(seq), int(hops) + 1
+        self._user_seen[(kind, key)] = (ots, seq, origin)
+        self._queue.queue(("u", kind, key), wire.encode_part([wire.USER, kind, key, origin, ots, seq, payload, hops]))
+        event_id = f"{origin}:{ots}:{seq}"
+        self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, event_id, hops, payload, False))
 
     # ------------------------------------------------------------------ state changes
 
@@ -389,12 +402,11 @@ class Swim:
             self._events.append(MemberChanged(ts, node, addr, ALIVE, inc, origin, ots, _eid(origin, ALIVE, node, inc, ots), hops))
 
     def _suspect(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
+        if node == self.id:
+            self._accused(inc, now)
+            return
         m = self.members.get(node)
         if m is None or inc < m.incarnation:
-            return
-        if node == self.id:
-            if not self.leaving:
-                self._refute(inc, now)
             return
         if m.state == SUSPECT:
             s = self._suspicions.get(node)
@@ -433,12 +445,12 @@ class Swim:
         return True
 
     def _dead(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
+        if node == self.id:
+            if by != node:
+                self._accused(inc, now)
+            return
         m = self.members.get(node)
         if m is None or inc < m.incarnation or m.state in (DEAD, LEFT):
-            return
-        if node == self.id:
-            if not self.leaving:
-                self._refute(inc, now)
             return
         state = LEFT if by == node else DEAD
         self._suspicions.pop(node, None)
@@ -447,6 +459,17 @@ class Swim:
         self._queue_dead(node, inc, by, ots, hops)
         self._events.append(MemberChanged(ts, node, m.addr, state, inc, by, ots, _eid(by, state, node, inc, ots), hops))
         self._schedule(now + self.config.dead_reclaim_time, _T_REAP, (node, now))
+
+    def _accused(self, inc: int, now: float) -> None:
+        """Someone suspects us or declared us dead."""
+        if self.leaving:
+            return
+        if inc >= self.incarnation:
+            self._refute(inc, now)
+        elif ("m", self.id) not in self._queue:
+            # an accusation older than our last refutation still circulates: whoever
+            # sent it missed the refutation, so announce our current incarnation again
+            self._queue_alive(self.id, self.incarnation, self.addr, self.id, self._ts(now), 0)
 
     def _refute(self, accused_inc: int, now: float) -> None:
         self.incarnation = max(self.incarnation + 1, accused_inc + 1)
@@ -466,11 +489,10 @@ class Swim:
     # ------------------------------------------------------------------ broadcasts
 
     def _queue_alive(self, node: str, inc: int, addr: Addr, origin: str, ots: int, hops: int) -> None:
-        msg = {"t": wire.ALIVE, "node": node, "inc": inc, "addr": [addr[0], addr[1]], "o": origin, "ots": ots, "h": hops}
-        self._queue.queue(("m", node), wire.encode_part(msg))
+        self._queue.queue(("m", node), wire.encode_part([wire.ALIVE, node, inc, addr[0], addr[1], ots, hops]))
 
     def _suspect_part(self, node: str, inc: int, by: str, ots: int, hops: int) -> bytes:
-        return wire.encode_part({"t": wire.SUSPECT, "node": node, "inc": inc, "by": by, "ots": ots, "h": hops})
+        return wire.encode_part([wire.SUSPECT, node, inc, by, ots, hops])
 
     def _queue_suspect(self, node: str, inc: int, by: str, ots: int, hops: int, key_extra: str | None = None) -> None:
         # confirmations ride under their own key so they do not displace the suspicion
@@ -478,12 +500,13 @@ class Swim:
         self._queue.queue(key, self._suspect_part(node, inc, by, ots, hops))
 
     def _queue_dead(self, node: str, inc: int, by: str, ots: int, hops: int) -> None:
-        msg = {"t": wire.DEAD, "node": node, "inc": inc, "by": by, "ots": ots, "h": hops}
-        self._queue.queue(("m", node), wire.encode_part(msg))
+        self._queue.queue(("m", node), wire.encode_part([wire.DEAD, node, inc, by, ots, hops]))
 
     def _send(self, addr: Addr, parts: list[bytes]) -> None:
         """Send ``parts`` plus as many queued broadcasts as fit in one packet."""
-        overhead = self._encoder.overhead + sum(len(p) for p in parts)
+        overhead = self._encoder.overhead
+        for p in parts:
+            overhead += len(p)
         extra = self._queue.get(overhead, self.packet_limit, self._transmit_limit())
         data = self._encoder.packet(parts + extra if extra else parts)
         self.stats.packets_sent += 1
@@ -491,7 +514,10 @@ class Swim:
         self._out.append((addr, data))
 
     def _transmit_limit(self) -> int:
-        return retransmit_limit(self.config.retransmit_mult, len(self.members))
+        n = len(self.members)
+        if n != self._limit_n:
+            self._limit_n, self._limit = n, retransmit_limit(self.config.retransmit_mult, n)
+        return self._limit
 
     # ------------------------------------------------------------------ timers
 
@@ -517,7 +543,7 @@ class Swim:
         elif kind == _T_NACK:
             relay = self._relays.get(arg)
             if relay is not None and not relay.done and relay.want_nack:
-                self._send(relay.requester, [wire.encode_part({"t": wire.NACK, "seq": relay.requester_seq})])
+                self._send(relay.requester, [wire.encode_part([wire.NACK, relay.requester_seq])])
         elif kind == _T_RELAY_EXPIRE:
             self._relays.pop(arg, None)
         elif kind == _T_PUSH_PULL:
@@ -528,6 +554,11 @@ class Swim:
             if m is not None and m.state in (DEAD, LEFT) and m.state_change == since:
                 del self.members[node]
                 self._remove_other(node)
+                if m.state == DEAD:
+                    self._lost[node] = (m.addr, since)
+        elif kind == _T_RECONNECT:
+            self._reconnect(now)
+            self._schedule(now + self.config.reconnect_interval, _T_RECONNECT, None)
         elif kind == _T_REJOIN:
             if not self.leaving and self.seeds:
                 if not any(m.state in (ALIVE, SUSPECT) for m in self._iter_others()):
@@ -558,7 +589,7 @@ class Swim:
         self._seq += 1
         self._probe = _Probe(self._seq, target, now, self.health)
         self.stats.probes += 1
-        parts = [wire.encode_part({"t": wire.PING, "seq": self._seq, "target": target})]
+        parts = [wire.encode_part([wire.PING, self._seq, target])]
         if m.state == SUSPECT and self.config.lifeguard:
             # buddy system: tell a suspect directly, so it refutes at once
             s = self._suspicions.get(target)
@@ -578,9 +609,7 @@ class Swim:
         want_nack = self.config.lifeguard
         for hid in helpers:
             h = self.members[hid]
-            part = wire.encode_part(
-                {"t": wire.PING_REQ, "seq": seq, "target": probe.target, "taddr": [target.addr[0], target.addr[1]], "nack": want_nack}
-            )
+            part = wire.encode_part([wire.PING_REQ, seq, probe.target, target.addr[0], target.addr[1], want_nack])
             self._send(h.addr, [part])
         if want_nack:
             probe.expected_nacks = len(helpers)
@@ -593,6 +622,13 @@ class Swim:
         else:
             delta = 1
         self._health_delta(delta)
+        if probe.expected_nacks > 0 and probe.nacks == 0:
+            # Lifeguard: not one helper answered either, so the silence is most likely
+            # ours (a starved receive path, a broken uplink); accusing the target now
+            # would be a false positive.  A really dead target gets nacks from the
+            # helpers, and other members probe it too.
+            self.stats.probes_inconclusive += 1
+            return
         m = self.members.get(probe.target)
         if m is None or m.state not in (ALIVE, SUSPECT):
             return
@@ -696,6 +732,18 @@ class Swim:
         env = self._decode_push_pull(body)
         if env is not None:
             self._merge(env, now)
+
+    def _reconnect(self, now: float) -> None:
+        if self.leaving:
+            return
+        cutoff = now - self.config.reconnect_timeout
+        for node in [n for n, (_, since) in self._lost.items() if since < cutoff or n in self.members]:
+            del self._lost[node]
+        candidates = [m.addr for m in self._iter_others() if m.state == DEAD]
+        candidates += [addr for addr, _ in self._lost.values()]
+        if candidates:
+            addr = candidates[int(self.rng.random() * len(candidates))]
+            self._pp_out.append((addr, self._push_pull_frame(join=False)))
 
     def _decode_push_pull(self, body: bytes) -> dict | None:
         try:

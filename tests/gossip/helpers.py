@@ -16,7 +16,7 @@ def addr_of(name: str) -> Addr:
     return (name, 7946)
 
 
-def packet(sender: str, *msgs: dict[str, Any]) -> bytes:
+def packet(sender: str, *msgs: list[Any]) -> bytes:
     return wire.PacketEncoder(sender).packet([wire.encode_part(m) for m in msgs])
 
 
@@ -59,7 +59,7 @@ class Cluster:
                     busy = True
                     dst = addr[0]
                     _, msgs = wire.decode_packet(data)
-                    types = [m["t"] for m in msgs]
+                    types = [m[0] for m in msgs]
                     if dst in self.down or dst not in self.nodes or self.drop(name, dst, types):
                         continue
                     self.delivered.append((name, dst, types))

@@ -14,10 +14,10 @@ from gossip.keyring import OVERHEAD, DecryptError, Keyring, parse_key
 
 def test_compound_packet_is_one_versioned_envelope() -> None:
     enc = wire.PacketEncoder("n1")
-    parts = [wire.encode_part({"t": "ping", "seq": 1, "target": "n2"}), wire.encode_part({"t": "ack", "seq": 9})]
+    parts = [wire.encode_part(["ping", 1, "n2"]), wire.encode_part(["ack", 9])]
     data = enc.packet(parts)
     env = cbor2.loads(data)
-    assert env == {"v": 1, "t": "compound", "from": "n1", "m": [{"t": "ping", "seq": 1, "target": "n2"}, {"t": "ack", "seq": 9}]}
+    assert env == {"v": 1, "t": "compound", "from": "n1", "m": [["ping", 1, "n2"], ["ack", 9]]}
     assert wire.decode_packet(data) == ("n1", env["m"])
     assert len(data) <= enc.overhead + sum(len(p) for p in parts)
 
@@ -25,14 +25,14 @@ def test_compound_packet_is_one_versioned_envelope() -> None:
 @pytest.mark.parametrize("n", [0, 1, 23, 24, 255, 256, 300])
 def test_array_header_sizes(n: int) -> None:
     enc = wire.PacketEncoder("x")
-    parts = [wire.encode_part({"t": "ack", "seq": i}) for i in range(n)]
+    parts = [wire.encode_part(["ack", i]) for i in range(n)]
     sender, msgs = wire.decode_packet(enc.packet(parts))
-    assert sender == "x" and [m["seq"] for m in msgs] == list(range(n))
+    assert sender == "x" and [m[1] for m in msgs] == list(range(n))
 
 
-def test_plain_envelope_is_accepted() -> None:
-    data = cbor2.dumps({"v": 1, "t": "ping", "from": "a", "seq": 3})
-    assert wire.decode_packet(data) == ("a", [{"v": 1, "t": "ping", "from": "a", "seq": 3}])
+def test_udp_envelope_must_be_compound() -> None:
+    with pytest.raises(wire.MalformedPacket):
+        wire.decode_packet(cbor2.dumps({"v": 1, "t": "ping", "from": "a", "m": [["ping", 1, "a"]]}))
 
 
 def test_unknown_version_is_its_own_error() -> None:
@@ -101,7 +101,7 @@ def test_keyring_seal_open_and_rotation() -> None:
 
 def test_keyring_refuses_plaintext_and_tampering() -> None:
     ring = Keyring([b"k" * 16])
-    plain = wire.PacketEncoder("a").packet([wire.encode_part({"t": "ack", "seq": 1})])
+    plain = wire.PacketEncoder("a").packet([wire.encode_part(["ack", 1])])
     with pytest.raises(DecryptError):
         ring.open(plain)
     sealed = bytearray(ring.seal(b"data"))

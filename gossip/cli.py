@@ -1,0 +1,191 @@
+"""`meshd simulate` and `meshd members` (dispatched here by mesh/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HTTP = "127.0.0.1:18083"
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def simulate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="meshd simulate",
+        description="Run a virtual SWIM cluster in simulated time and write its convergence traces.",
+    )
+    p.add_argument("--nodes", type=int, default=100, help="cluster size (default 100)")
+    p.add_argument("--seconds", type=_positive, default=60.0, help="virtual seconds to run (default 60)")
+    p.add_argument("--loss", type=_fraction, default=0.0, help="packet loss probability, 0..1")
+    p.add_argument("--latency-ms", type=float, default=2.0, help="mean one-way latency; each link varies 0.5x..1.5x")
+    p.add_argument("--duplicate", type=_fraction, default=0.0, help="packet duplication probability")
+    p.add_argument("--seed", type=int, default=1, help="RNG seed: same seed, same run")
+    p.add_argument("--crash", type=int, default=0, help="number of nodes that crash")
+    p.add_argument("--crash-at", type=float, default=20.0, help="virtual time of the crash")
+    p.add_argument("--stall", type=_fraction, default=0.0, help="fraction of nodes whose event loop stalls 0.2-2 s now and then")
+    p.add_argument("--broadcasts-per-s", type=float, default=0.0, help="user broadcasts per virtual second (random origins)")
+    p.add_argument("--partition", help='two sides "A|B" as node index ranges, e.g. "0-49|50-99"')
+    p.add_argument("--partition-at", type=float, default=10.0)
+    p.add_argument("--heal-at", type=float, default=None)
+    p.add_argument("--preset", default="lan", choices=["lan", "wan", "local"])
+    p.add_argument("--no-lifeguard", action="store_true", help="classic SWIM, for comparison")
+    p.add_argument("--join", action="store_true", help="start with every node joining through n0 instead of a converged view")
+    p.add_argument("--suspicion-mult", type=int, default=None, help="override the preset's suspicion multiplier")
+    p.add_argument("--out", required=True, help="directory for the traces (one JSON Lines file per node) and summary.json")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def simulate_main(argv: list[str]) -> int:
+    from .sim import SimParams, Simulation, parse_partition
+
+    args = simulate_parser().parse_args(argv)
+    if args.nodes < 2:
+        print("meshd simulate: --nodes must be at least 2", file=sys.stderr)
+        return 2
+    if args.crash < 0 or args.crash >= args.nodes:
+        print("meshd simulate: --crash must be between 0 and nodes-1", file=sys.stderr)
+        return 2
+    partition = None
+    if args.partition:
+        try:
+            partition = parse_partition(args.partition, args.nodes)
+        except ValueError as exc:
+            print(f"meshd simulate: {exc}", file=sys.stderr)
+            return 2
+    overrides: dict[str, Any] = {}
+    if args.suspicion_mult is not None:
+        overrides["suspicion_mult"] = args.suspicion_mult
+    params = SimParams(
+        nodes=args.nodes,
+        seconds=args.seconds,
+        loss=args.loss,
+        latency_ms=args.latency_ms,
+        duplicate=args.duplicate,
+        seed=args.seed,
+        crash=args.crash,
+        crash_at=args.crash_at,
+        stall=args.stall,
+        broadcasts_per_s=args.broadcasts_per_s,
+        partition=partition,
+        partition_at=args.partition_at,
+        heal_at=args.heal_at,
+        preset=args.preset,
+        lifeguard=not args.no_lifeguard,
+        overrides=overrides,
+        join=args.join,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sim = Simulation(params, out_dir=out, progress=None if args.no_progress else sys.stderr)
+    result = sim.run()
+    summary = result.summary()
+    summary["dead_bound_s"] = round(sim.dead_bound(), 3)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(_summary_line(summary))
+    return 0
+
+
+def _summary_line(s: dict[str, Any]) -> str:
+    parts = [
+        f"{s['nodes']} nodes x {s['virtual_s']:g} s virtual in {s['wall_s']} s wall ({s['speed_x']}x real time)",
+        f"{s['packets']} packets, {s['bandwidth_per_node_Bps'] / 1000:.2f} KB/s per node",
+    ]
+    if s["broadcasts"]:
+        parts.append(
+            f"{s['broadcasts']} broadcasts: coverage {s['broadcast_coverage'] * 100:.2f}%, p50 {s['broadcast_p50_s']} s, p99 {s['broadcast_p99_s']} s"
+        )
+    if s["crashed"]:
+        parts.append(
+            f"{s['crashed']} crashed: dead at {s['crash_dead_coverage'] * 100:.1f}% of live nodes, median {s['crash_to_dead_median_s']} s, max {s['crash_to_dead_max_s']} s"
+        )
+    parts.append(f"false dead {s['false_dead']}, false suspicions {s['false_suspicions']}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- members
+
+
+def members_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="meshd members", description="Print the member list a running node sees.")
+    p.add_argument("--http", default=DEFAULT_HTTP, help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
+    p.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+    args = p.parse_args(argv)
+    try:
+        status, body = _get_members(args.http)
+    except OSError as exc:
+        print(f"meshd members: {exc}", file=sys.stderr)
+        return 1
+    if status != 200:
+        print(f"meshd members: HTTP {status}: {body}", file=sys.stderr)
+        return 1
+    members = body.get("members", []) if isinstance(body, dict) else body
+    if not isinstance(members, list):
+        print("meshd members: unexpected answer", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(members, indent=2))
+    else:
+        print(format_members(members))
+    return 0
+
+
+def _get_members(http: str) -> tuple[int, Any]:
+    try:
+        from mesh.http_client import HttpClientError, request_json
+    except ImportError:  # the node's client is optional for this module
+        return _urllib_get(http)
+    try:
+        return request_json(http, "GET", "/api/v1/members")
+    except HttpClientError as exc:
+        raise OSError(str(exc)) from None
+
+
+def _urllib_get(http: str) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    url = (http if http.startswith("http") else "http://" + http).rstrip("/") + "/api/v1/members"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=5.0) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except urllib.error.URLError as exc:
+        raise OSError(f"cannot reach {http}: {exc.reason}") from None
+
+
+def format_members(members: list[dict[str, Any]]) -> str:
+    from datetime import datetime, timezone
+
+    headers = ["ID", "ADDRESS", "STATE", "INCARNATION", "LAST CHANGE (UTC)"]
+    rows = []
+    for m in members:
+        ts = m.get("last_change_ts_us")
+        when = datetime.fromtimestamp(ts / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if isinstance(ts, int) and ts > 0 else "-"
+        rows.append([str(m.get("id", "")), str(m.get("address", "")), str(m.get("state", "")), str(m.get("incarnation", "")), when])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    counts: dict[str, int] = {}
+    for m in members:
+        counts[str(m.get("state"))] = counts.get(str(m.get("state")), 0) + 1
+    lines.append(f"{len(members)} members: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)
