@@ -1,0 +1,162 @@
+"""TLS for the `mqtts` and `wss` listeners: the server context and the peer's name.
+
+`server_context` builds an `ssl.SSLContext` for `trio.SSLStream(..., server_side=True)`:
+TLS 1.2 and 1.3 only, forward-secret AEAD ciphers only on 1.2 (1.3's suites are all
+modern), no compression, no session tickets (a long-lived ticket key would undo forward
+secrecy), no renegotiation.
+Every problem with a file raises `TlsConfigError` naming the setting (`tls_cert`,
+`tls_key`, `tls_ca`), so an operator sees which line of the config to fix.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import ssl
+from typing import Any
+
+__all__ = ["server_context", "peer_common_name", "TlsConfigError", "TLS12_CIPHERS"]
+
+log = logging.getLogger(__name__)
+
+# ECDHE key exchange (forward secrecy) with AES-GCM or ChaCha20-Poly1305: Mozilla's
+# "intermediate" list, which every client still in use supports.
+TLS12_CIPHERS = ":".join([
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "ECDHE-RSA-CHACHA20-POLY1305",
+])
+
+
+class TlsConfigError(ValueError):
+    """A TLS setting points at a missing, unreadable or wrong file."""
+
+
+def _check_readable(setting: str, path: str) -> None:
+    if not path:
+        raise TlsConfigError(f"{setting} is empty")
+    if not os.path.exists(path):
+        raise TlsConfigError(f"{setting} {path}: no such file")
+    if os.path.isdir(path):
+        raise TlsConfigError(f"{setting} {path}: is a directory, expected a PEM file")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise TlsConfigError(f"{setting} {path}: cannot read ({e.strerror or e})") from None
+
+
+def _read_pem(setting: str, path: str, marker: bytes, what: str) -> bytes:
+    _check_readable(setting, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    if marker not in data:
+        raise TlsConfigError(f"{setting} {path}: no {what} found (expected a PEM file with '{marker.decode()}')")
+    return data
+
+
+def _check_certificate(setting: str, path: str, pem: bytes) -> None:
+    try:
+        from cryptography import x509
+    except ImportError:  # pragma: no cover - cryptography is a dependency
+        return
+    try:
+        cert = x509.load_pem_x509_certificates(pem)[0]
+    except ValueError as e:
+        raise TlsConfigError(f"{setting} {path}: not a valid PEM certificate ({e})") from None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if cert.not_valid_after_utc < now:
+        log.warning("%s %s: certificate expired on %s; clients will refuse it",
+                    setting, path, cert.not_valid_after_utc.isoformat())
+    elif cert.not_valid_before_utc > now:
+        log.warning("%s %s: certificate is not valid before %s", setting, path,
+                    cert.not_valid_before_utc.isoformat())
+
+
+def _check_key(setting: str, path: str, pem: bytes) -> None:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        serialization.load_pem_private_key(pem, password=None)
+    except TypeError:
+        raise TlsConfigError(f"{setting} {path}: the key is encrypted with a passphrase; meshd needs an "
+                             "unencrypted key (protect it with file permissions instead)") from None
+    except (ValueError, UnsupportedAlgorithm) as e:
+        raise TlsConfigError(f"{setting} {path}: not a usable private key ({e})") from None
+
+
+def _no_passphrase(*_: Any) -> bytes:
+    # Called by OpenSSL for an encrypted key; without it, Python would prompt on a tty.
+    raise TlsConfigError("encrypted")
+
+
+def server_context(cert: str, key: str, ca: str | None = None,
+                   require_client_cert: bool = False) -> ssl.SSLContext:
+    """A server-side context: TLS 1.2+, modern ciphers, optional client certificates.
+
+    With `ca`, client certificates signed by it are verified when offered (and their
+    CN can name the user); with `require_client_cert` a client without one fails the
+    handshake. `require_client_cert` without `ca` is an error: there would be nothing
+    to verify against.
+    """
+    cert_pem = _read_pem("tls_cert", cert, b"-----BEGIN CERTIFICATE-----", "certificate")
+    _check_certificate("tls_cert", cert, cert_pem)
+    key_pem = _read_pem("tls_key", key, b"PRIVATE KEY-----", "private key")
+    _check_key("tls_key", key, key_pem)
+    if require_client_cert and not ca:
+        raise TlsConfigError("tls_require_client_cert needs tls_ca (the CA that signs client certificates)")
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_TICKET
+    ctx.options |= ssl.OP_NO_RENEGOTIATION
+    try:
+        ctx.load_cert_chain(cert, key, password=_no_passphrase)
+    except TlsConfigError:
+        raise TlsConfigError(f"tls_key {key}: the key is encrypted with a passphrase") from None
+    except ssl.SSLError as e:
+        text = f"{e.reason or ''} {e}".upper()
+        if "KEY_VALUES_MISMATCH" in text or "X509_CHECK_PRIVATE_KEY" in text:
+            raise TlsConfigError(f"tls_key {key} does not belong to the certificate in tls_cert {cert}") from None
+        raise TlsConfigError(f"tls_cert {cert} / tls_key {key}: {e.reason or e}") from None
+    except OSError as e:
+        raise TlsConfigError(f"tls_cert {cert} / tls_key {key}: {e.strerror or e}") from None
+
+    if ca:
+        _read_pem("tls_ca", ca, b"-----BEGIN CERTIFICATE-----", "CA certificate")
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (ssl.SSLError, OSError) as e:
+            raise TlsConfigError(f"tls_ca {ca}: {getattr(e, 'reason', None) or e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def peer_common_name(ssl_object: Any) -> str | None:
+    """The CN of the verified client certificate, or None if there is none.
+
+    Takes anything with `getpeercert()`: `ssl.SSLObject`, `ssl.SSLSocket`, or a
+    `trio.SSLStream` (which forwards it). Only a certificate that passed verification
+    is returned by `getpeercert()`, so the CN can be trusted as a user name. With
+    several CNs in the subject, the last (most specific) wins.
+    """
+    try:
+        cert = ssl_object.getpeercert()
+    except (ValueError, AttributeError, ssl.SSLError):
+        return None  # handshake not done, or not a TLS object
+    if not cert:
+        return None
+    common_name: str | None = None
+    for rdn in cert.get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName":
+                common_name = value
+    return common_name
