@@ -1,0 +1,198 @@
+"""The brokers under test: how to install, start (fresh, pinned, on 127.0.0.1) and stop each.
+
+A broker is a `BrokerSpec`: a name, an install check and a command line for a port and
+a scratch directory. `start()` runs it under `taskset`, waits until the port accepts a
+TCP connection and hands back a `RunningBroker`; `stop()` signals that PID only.
+amqtt lives in its own virtualenv under ~/.cache/meshd-bench so its dependencies never
+touch the project's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("MESHD_BENCH_CACHE", Path.home() / ".cache" / "meshd-bench"))
+AMQTT_VENV = CACHE / "amqtt-venv"
+AMQTT_REQUIREMENT = "amqtt>=0.12,<0.13"
+BROKER_CORE = 1
+GENERATOR_CORE = 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_fd_limit() -> None:
+    """Idle-connection runs need thousands of sockets, on both ends."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def can_pin() -> bool:
+    return shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
+
+
+# ----------------------------------------------------------------------------- install
+
+def ensure_mosquitto() -> str:
+    path = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
+    if path:
+        return path
+    print("bench: installing mosquitto (Debian package)", file=sys.stderr)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-q", "mosquitto"], check=True, env=env, stdout=subprocess.DEVNULL)
+    path = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not os.path.exists(path):
+        raise RuntimeError("mosquitto is not installed and apt-get could not install it")
+    return path
+
+
+def ensure_amqtt() -> Path:
+    exe = AMQTT_VENV / "bin" / "amqtt"
+    if exe.exists():
+        return exe
+    print(f"bench: installing {AMQTT_REQUIREMENT} into {AMQTT_VENV}", file=sys.stderr)
+    AMQTT_VENV.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(AMQTT_VENV)], check=True)
+    subprocess.run([str(AMQTT_VENV / "bin" / "pip"), "install", "-q", AMQTT_REQUIREMENT], check=True)
+    return exe
+
+
+def amqtt_version() -> str:
+    out = subprocess.run([str(AMQTT_VENV / "bin" / "python"), "-c", "import amqtt; print(amqtt.__version__)"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
+def mosquitto_version() -> str:
+    out = subprocess.run([ensure_mosquitto(), "-h"], capture_output=True, text=True)
+    first = (out.stdout or out.stderr).splitlines()[:1]
+    return first[0].replace("mosquitto version ", "") if first else "?"
+
+
+def meshd_version() -> str:
+    sys.path.insert(0, str(REPO))
+    try:
+        import mesh
+        return mesh.__version__
+    finally:
+        sys.path.pop(0)
+
+
+# ----------------------------------------------------------------------------- commands
+
+def meshd_command(port: int, workdir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "mesh.cli",
+        "--mqtt", f"127.0.0.1:{port}", "--ws", "off", "--http", "off", "--no-mdns", "--no-trace",
+        "--gossip", f"127.0.0.1:{free_port()}", "--data-dir", str(workdir / "data"), "--log-level", "warning",
+    ]
+
+
+def mosquitto_command(port: int, workdir: Path) -> list[str]:
+    conf = workdir / "mosquitto.conf"
+    # Debian defaults except max_queued_messages: with a limit (1000, even 10000) mosquitto
+    # 2.0.11 dropped 0.2-1% of QoS 1 messages in fan-in although the generator keeps its
+    # lag under 500; with 0 (no limit) it loses none, and the generator bounds the queue.
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\n"
+        "persistence false\nlog_dest none\n"
+    )
+    return [ensure_mosquitto(), "-c", str(conf)]
+
+
+def amqtt_command(port: int, workdir: Path) -> list[str]:
+    conf = workdir / "amqtt.yaml"
+    # Only the plugin that lets anonymous clients in: no packet logging, no $SYS.
+    conf.write_text(
+        "listeners:\n"
+        "  default:\n"
+        "    type: tcp\n"
+        f"    bind: 127.0.0.1:{port}\n"
+        "plugins:\n"
+        "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+        "    allow_anonymous: true\n"
+    )
+    return [str(ensure_amqtt()), "-c", str(conf)]
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    name: str
+    command: Callable[[int, Path], list[str]]
+    ensure: Callable[[], object]
+    version: Callable[[], str]
+
+
+BROKERS: dict[str, BrokerSpec] = {
+    "meshd": BrokerSpec("meshd", meshd_command, lambda: None, meshd_version),
+    "mosquitto": BrokerSpec("mosquitto", mosquitto_command, ensure_mosquitto, mosquitto_version),
+    "amqtt": BrokerSpec("amqtt", amqtt_command, ensure_amqtt, amqtt_version),
+}
+
+
+# ----------------------------------------------------------------------------- run
+
+@dataclass
+class RunningBroker:
+    name: str
+    pid: int
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM this PID, SIGKILL it if it lingers; return the exit status."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout)
+        return self.proc.returncode
+
+
+def start(spec: BrokerSpec, workdir: Path, *, pin: bool = True, startup_timeout: float = 30.0) -> RunningBroker:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = spec.command(port, workdir)
+    if pin and can_pin():
+        cmd = ["taskset", "-c", str(BROKER_CORE), *cmd]  # taskset execs: same PID
+    log_path = workdir / f"{spec.name}.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if spec.name == "amqtt":
+        env.pop("PYTHONPATH")  # its own venv, nothing of ours
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=raise_fd_limit)
+    broker = RunningBroker(spec.name, proc.pid, port, proc, log_path)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{spec.name} exited with {proc.returncode} at start; see {log_path}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return broker
+        except OSError:
+            time.sleep(0.05)
+    broker.stop()
+    raise RuntimeError(f"{spec.name} did not listen on 127.0.0.1:{port} within {startup_timeout:.0f} s")

@@ -1,0 +1,103 @@
+"""Tests of the harness itself: python -m pytest -q scripts/bench
+
+The generator's byte tricks are checked against the project's decoder; one short run
+against a real meshd proves the pieces fit (no timing is asserted).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for p in (str(HERE), str(HERE.parents[1])):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import brokers  # noqa: E402
+import loadgen  # noqa: E402
+import table  # noqa: E402
+import wire  # noqa: E402
+from mesh.mqtt import Decoder, Puback, Publish, encode  # noqa: E402
+
+PAYLOAD = bytes([0xA5]) * 64
+
+
+def _decode_all(data: bytes, role: str = "client") -> list:
+    d = Decoder(role=role)
+    if role == "server":  # a server decoder insists on CONNECT first
+        data = wire.connect_packet("t") + data
+    d.feed(data)
+    return list(d.packets())[1 if role == "server" else 0:]
+
+
+def test_qos1_batch_is_valid_publishes_with_consecutive_ids_that_wrap() -> None:
+    t = wire.PublishTemplate("bench/in/007", PAYLOAD, 1)
+    t.next_pid = 65534
+    packets = _decode_all(t.batch(4), role="server")
+    assert [p.packet_id for p in packets] == [65534, 65535, 1, 2]
+    assert all(p.topic == "bench/in/007" and p.payload == PAYLOAD and p.qos == 1 for p in packets)
+
+
+def test_stamped_payload_replaces_only_the_head() -> None:
+    for qos in (0, 1):
+        t = wire.PublishTemplate("bench/lat", PAYLOAD, qos)
+        (p,) = _decode_all(t.stamped(b"\x01\x02\x03"), role="server")
+        assert p.payload == b"\x01\x02\x03" + PAYLOAD[3:]
+
+
+def test_subscriber_counts_and_acks_every_split_like_the_decoder() -> None:
+    pubs = [Publish(topic="bench/x", payload=PAYLOAD, qos=1, packet_id=i) for i in (1, 300, 65535, 7)]
+    data = b"".join(encode(p, 4) for p in pubs)
+    size = wire.publish_frame_size("bench/x", 64, 1)
+    for cut in range(1, len(data)):
+        s = wire.SubscriberStream(size, 1, 64)
+        acks = s.feed(data[:cut]) + s.feed(data[cut:])
+        assert s.received == 4
+        assert [a.packet_id for a in _decode_all(acks, role="server")] == [1, 300, 65535, 7]
+
+
+def test_subscriber_falls_back_to_frames_on_mixed_packets() -> None:
+    size = wire.publish_frame_size("bench/x", 64, 0)
+    data = encode(Publish(topic="bench/x", payload=PAYLOAD), 4) + b"\xd0\x00" + encode(Publish(topic="a/longer/topic", payload=b"z"), 4)
+    s = wire.SubscriberStream(size, 0, 64)
+    assert s.feed(data) == b""
+    assert (s.received, s.other) == (2, 1)
+
+
+def test_ack_stream_counts_pubacks_split_anywhere() -> None:
+    data = b"".join(encode(Puback(packet_id=i), 4) for i in (0x4002, 2, 3))
+    for cut in range(len(data) + 1):
+        a = wire.AckStream()
+        a.feed(data[:cut])
+        a.feed(data[cut:])
+        assert a.acked == 3
+
+
+def test_table_medians_ranges_and_ratios() -> None:
+    recs = [
+        {"broker": b, "scenario": "fanout-qos0", "rep": i, "result": {"msgs_per_s": v, "lost": 0}}
+        for b, vals in (("meshd", (300, 100, 200)), ("amqtt", (10, 20, 30)))
+        for i, v in enumerate(vals)
+    ]
+    recs.append({"broker": "amqtt", "scenario": "fanout-qos0", "rep": 3, "error": "boom"})
+    stats = table.summarise(recs)
+    assert stats[("fanout-qos0", "meshd", "msgs_per_s")] == (200, 100, 300, 3)
+    md = table.markdown(recs)
+    assert "200 [100..300]" in md and "10.00×" in md and "boom" in md
+
+
+def test_short_runs_against_a_real_meshd() -> None:
+    brokers.raise_fd_limit()
+    b = brokers.start(brokers.BROKERS["meshd"], Path(tempfile.mkdtemp()), pin=False)
+    try:
+        r = loadgen.throughput(b.port, b.pid, publishers=3, subscribers=2, qos=1, duration=0.3, drain_s=1.0)
+        assert r["delivered"] == r["expected"] == 2 * r["published"] > 0
+        assert r["lost"] == 0 and r["puback_missing"] == 0
+        lat = loadgen.latency(b.port, b.pid, qos=1, rate=500, duration=0.3, warmup=0.1)
+        assert lat["lost"] == 0 and lat["samples"] > 0 and lat["p50_us"] <= lat["max_us"]
+        idle = loadgen.idle_connections(b.port, b.pid, count=50, settle=0.1)
+        assert idle["connected"] == 50
+    finally:
+        assert b.stop() is not None
