@@ -1,0 +1,414 @@
+"""The real gossip driver: the SWIM state machine on UDP + TCP with Trio.
+
+One nursery holds a UDP reader, a timer task, a push-pull TCP server, an
+event-loop lag monitor (Lifeguard's local health is fed by our own slowness) and,
+when enabled, mDNS discovery.  All protocol decisions live in ``gossip.swim``; this
+module only moves bytes, seals them with the cluster key, keeps time and turns the
+machine's events into traces and callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import socket
+import time
+from typing import Any, Callable, Sequence
+
+import trio
+
+from . import wire
+from .config import GossipConfig, preset as get_preset
+from .events import BroadcastReceived, MemberChanged
+from .keyring import OVERHEAD as SEAL_OVERHEAD
+from .keyring import DecryptError, Keyring, parse_key
+from .swim import Addr, Swim
+from .trace import NullTraceWriter, TraceWriter
+
+log = logging.getLogger("meshd.gossip")
+
+UDP_AAD = b"meshd-gossip-udp"
+TCP_AAD = b"meshd-gossip-tcp"
+PUSH_PULL_TIMEOUT = 10.0
+MAX_INBOUND_STREAMS = 32
+LAG_SAMPLE = 0.1
+
+
+class GossipService:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        bind_host: str,
+        bind_port: int,
+        seeds: Sequence[tuple[str, int]],
+        cluster_name: str = "meshd",
+        cluster_key: str | None = None,
+        mdns: bool = True,
+        trace: TraceWriter | NullTraceWriter,
+        preset: str = "lan",
+        advertise_host: str | None = None,
+        config: GossipConfig | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.bind_host = bind_host
+        self.bind_port = bind_port
+        self.seeds = [(str(h), int(p)) for h, p in seeds]
+        self.cluster_name = cluster_name
+        self.mdns = mdns
+        self.trace = trace
+        self.config = config if config is not None else get_preset(preset)
+        self.advertise_host = advertise_host
+        if cluster_key is None:
+            cluster_key = os.environ.get("MESHD_CLUSTER_KEY") or None
+        self.keyring: Keyring | None = Keyring([parse_key(cluster_key)]) if cluster_key else None
+        self._rng = random.Random(seed)
+        self.swim: Swim | None = None
+        self.port: int | None = None
+        self.address: Addr | None = None
+        self.decrypt_failures = 0
+        self.send_errors = 0
+        self.push_pull_failures = 0
+        self.loop_lag = 0.0
+        self._push_pull: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
+        self._broadcast_handlers: dict[str, list[Callable[[str, object], None]]] = {}
+        self._member_handlers: list[Callable[[str, str], None]] = []
+        self._pending_broadcasts: list[tuple[str, str, object]] = []
+        self._sock: trio.socket.SocketType | None = None
+        self._nursery: trio.Nursery | None = None
+        self._wake = trio.Event()
+        self._inbound = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
+
+    # ------------------------------------------------------------------ public API
+
+    def members(self) -> list[dict]:
+        """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees them."""
+        return self.swim.members_view() if self.swim is not None else []
+
+    def broadcast(self, kind: str, key: str, payload: object) -> None:
+        """Disseminate ``payload``; a newer broadcast with the same (kind, key) replaces it."""
+        if self.swim is None:
+            self._pending_broadcasts.append((kind, key, payload))
+            return
+        self.swim.broadcast(kind, key, payload, trio.current_time())
+        self._kick()
+
+    def on_broadcast(self, kind: str, handler: Callable[[str, object], None]) -> None:
+        """``handler(origin_node_id, payload)`` for every broadcast of ``kind`` from others."""
+        self._broadcast_handlers.setdefault(kind, []).append(handler)
+
+    def on_member_change(self, handler: Callable[[str, str], None]) -> None:
+        """``handler(member_id, new_state)`` on every state change of another member."""
+        self._member_handlers.append(handler)
+
+    def register_push_pull(self, name: str, get_local: Callable[[], object], merge_remote: Callable[[object], None]) -> None:
+        """Ride push-pull anti-entropy: ``get_local()`` is sent, peers' state is merged."""
+        self._push_pull[name] = (get_local, merge_remote)
+
+    def join(self, addrs: Sequence[tuple[str, int]]) -> None:
+        """Join through more addresses (mDNS discoveries, an operator's command)."""
+        if self.swim is not None:
+            self.swim.join([(str(h), int(p)) for h, p in addrs], trio.current_time(), remember=False)
+            self._kick()
+
+    @property
+    def stats(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = dict(vars(self.swim.stats)) if self.swim is not None else {}
+        out.pop("by_type", None)
+        out.update(
+            decrypt_failures=self.decrypt_failures,
+            send_errors=self.send_errors,
+            push_pull_failures=self.push_pull_failures,
+            loop_lag_s=self.loop_lag,
+            health=self.swim.health if self.swim is not None else 0,
+        )
+        return out
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind UDP and TCP on the gossip port, report it, run until cancelled."""
+        sock, listeners, port = await self._bind()
+        self._sock = sock
+        self.port = port
+        host = self.advertise_host or _advertise_guess(self.bind_host)
+        self.address = (host, port)
+        now = trio.current_time()
+        limit = self.config.udp_buffer_size - (SEAL_OVERHEAD if self.keyring is not None else 0)
+        self.swim = Swim(
+            self.node_id,
+            self.address,
+            now=now,
+            rng=self._rng,
+            config=self.config,
+            cluster_name=self.cluster_name,
+            incarnation=0,
+            clock_offset=time.time() - now,
+            packet_limit=limit,
+            push_pull_providers=self._push_pull,
+        )
+        self.trace.emit(ts_us=_wall_us(), kind="node_start", subject=self.node_id, incarnation=0)
+        for kind, key, payload in self._pending_broadcasts:
+            self.swim.broadcast(kind, key, payload, now)
+        self._pending_broadcasts.clear()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._udp_reader, sock)
+                nursery.start_soon(self._timer_loop)
+                nursery.start_soon(self._lag_monitor)
+                nursery.start_soon(trio.serve_listeners, self._serve_stream, listeners)
+                if self.seeds:
+                    seeds = await self._resolve(self.seeds)
+                    self.swim.join(seeds, trio.current_time())
+                if self.mdns:
+                    from .mdns import MdnsDiscovery
+
+                    nursery.start_soon(MdnsDiscovery(self).run)
+                await self._flush()
+                task_status.started(port)
+        finally:
+            self._nursery = None
+            sock.close()
+            self.trace.emit(ts_us=_wall_us(), kind="node_stop", subject=self.node_id)
+            self.trace.flush()
+
+    async def leave(self, timeout: float = 3.0) -> None:
+        """Tell the cluster we are leaving and wait (bounded) until the news went out."""
+        if self.swim is None:
+            return
+        self.swim.leave(trio.current_time())
+        await self._flush()
+        with trio.move_on_after(timeout):
+            while not self.swim.leave_sent:
+                await trio.sleep(self.config.gossip_interval / 2)
+
+    # ------------------------------------------------------------------ key rotation
+
+    def install_key(self, key: str) -> None:
+        if self.keyring is None:
+            raise RuntimeError("no cluster key is set; a keyring cannot be added at run time")
+        self.keyring.add(parse_key(key))
+
+    def use_key(self, key: str) -> None:
+        assert self.keyring is not None
+        self.keyring.use(parse_key(key))
+
+    def remove_key(self, key: str) -> None:
+        assert self.keyring is not None
+        self.keyring.remove(parse_key(key))
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _bind(self) -> tuple[Any, list[trio.SocketListener], int]:
+        family = socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET
+        # UDP and TCP share one port number; with port 0 the UDP pick may be taken on
+        # TCP, so try a few times
+        for _attempt in range(20):
+            sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+            try:
+                await sock.bind((self.bind_host, self.bind_port))
+                port = sock.getsockname()[1]
+                try:
+                    listeners = await trio.open_tcp_listeners(port, host=self.bind_host)
+                except OSError:
+                    if self.bind_port:
+                        raise
+                    sock.close()
+                    continue
+                return sock, listeners, port
+            except BaseException:
+                sock.close()
+                raise
+        raise OSError(f"no free gossip port on {self.bind_host}")
+
+    async def _udp_reader(self, sock: Any) -> None:
+        assert self.swim is not None
+        while True:
+            try:
+                data, addr = await sock.recvfrom(65536)
+            except OSError:
+                # e.g. ICMP port unreachable reported on the socket: keep reading
+                continue
+            if self.keyring is not None:
+                try:
+                    data = self.keyring.open(data, UDP_AAD)
+                except DecryptError:
+                    self.decrypt_failures += 1
+                    continue
+            self.swim.receive(data, (addr[0], addr[1]), trio.current_time())
+            await self._flush()
+
+    async def _timer_loop(self) -> None:
+        assert self.swim is not None
+        while True:
+            deadline = self.swim.next_timer()
+            self._wake = trio.Event()
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await self._wake.wait()
+            self.swim.handle_timer(trio.current_time())
+            await self._flush()
+
+    async def _lag_monitor(self) -> None:
+        assert self.swim is not None
+        while True:
+            before = trio.current_time()
+            await trio.sleep(LAG_SAMPLE)
+            lag = trio.current_time() - before - LAG_SAMPLE
+            self.loop_lag = lag
+            if lag > 0:
+                self.swim.note_loop_lag(lag, trio.current_time())
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    async def _flush(self) -> None:
+        swim = self.swim
+        assert swim is not None
+        now = trio.current_time()
+        for addr, data in swim.datagrams_to_send(now):
+            if self.keyring is not None:
+                data = self.keyring.seal(data, UDP_AAD)
+            try:
+                await self._sock.sendto(data, addr)  # type: ignore[union-attr]
+            except (OSError, OverflowError, ValueError, TypeError):
+                self.send_errors += 1
+        if self._nursery is not None:
+            for addr, body in swim.push_pull_requests():
+                self._nursery.start_soon(self._push_pull_client, addr, body)
+        for ev in swim.events():
+            self._dispatch(ev)
+        self._kick()
+
+    def _dispatch(self, ev: object) -> None:
+        if isinstance(ev, MemberChanged):
+            self.trace.emit(
+                ts_us=ev.ts_us, kind=f"member_{ev.state}", subject=ev.member, origin=ev.origin,
+                origin_ts_us=ev.origin_ts_us, event_id=ev.event_id, hops=ev.hops, incarnation=ev.incarnation,
+            )
+            if ev.member != self.node_id:
+                for h in self._member_handlers:
+                    _call(h, ev.member, ev.state)
+        elif isinstance(ev, BroadcastReceived):
+            self.trace.emit(
+                ts_us=ev.ts_us, kind="broadcast", subject=ev.key, origin=ev.origin, origin_ts_us=ev.origin_ts_us,
+                event_id=ev.event_id, hops=ev.hops, bkind=ev.kind,
+            )
+            if not ev.local:
+                for h in self._broadcast_handlers.get(ev.kind, ()):
+                    _call(h, ev.origin, ev.payload)
+
+    # ------------------------------------------------------------------ push-pull
+
+    def _seal_frame(self, body: bytes) -> bytes:
+        if self.keyring is not None:
+            body = self.keyring.seal(body, TCP_AAD)
+        return wire.frame(body)
+
+    def _open_frame(self, body: bytes) -> bytes | None:
+        if self.keyring is None:
+            return body
+        try:
+            return self.keyring.open(body, TCP_AAD)
+        except DecryptError:
+            self.decrypt_failures += 1
+            return None
+
+    async def _push_pull_client(self, addr: Addr, body: bytes) -> None:
+        assert self.swim is not None
+        with trio.move_on_after(PUSH_PULL_TIMEOUT) as scope:
+            try:
+                stream = await trio.open_tcp_stream(addr[0], addr[1])
+            except (OSError, OverflowError, ValueError):
+                self.push_pull_failures += 1
+                return
+            async with stream:
+                try:
+                    await stream.send_all(self._seal_frame(body))
+                    reply = await _read_frame(stream)
+                except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
+                    self.push_pull_failures += 1
+                    return
+            opened = self._open_frame(reply)
+            if opened is not None:
+                self.swim.receive_push_pull_reply(opened, trio.current_time())
+                await self._flush()
+        if scope.cancelled_caught:
+            self.push_pull_failures += 1
+
+    async def _serve_stream(self, stream: trio.abc.Stream) -> None:
+        assert self.swim is not None
+        async with self._inbound, stream:
+            with trio.move_on_after(PUSH_PULL_TIMEOUT):
+                try:
+                    body = await _read_frame(stream)
+                except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
+                    self.swim.stats.malformed += 1
+                    return
+                opened = self._open_frame(body)
+                if opened is None:
+                    return
+                reply = self.swim.handle_push_pull(opened, trio.current_time())
+                await self._flush()
+                if reply is not None:
+                    try:
+                        await stream.send_all(self._seal_frame(reply))
+                    except (OSError, trio.BrokenResourceError):
+                        pass
+
+    async def _resolve(self, addrs: Sequence[tuple[str, int]]) -> list[Addr]:
+        out: list[Addr] = []
+        for host, port in addrs:
+            try:
+                infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+            except OSError:
+                log.warning("cannot resolve seed %s:%s", host, port)
+                continue
+            for family, _, _, _, sa in infos:
+                if family == (socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET):
+                    out.append((sa[0], sa[1]))
+                    break
+        return out
+
+
+async def _read_exact(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.receive_some(min(65536, n - len(buf)))
+        if not chunk:
+            raise EOFError("stream closed mid-frame")
+        buf += chunk
+    return bytes(buf)
+
+
+async def _read_frame(stream: trio.abc.ReceiveStream) -> bytes:
+    n = wire.frame_length(await _read_exact(stream, 4))
+    return await _read_exact(stream, n)
+
+
+def _call(handler: Callable[..., None], *args: object) -> None:
+    try:
+        handler(*args)
+    except Exception:  # a subscriber's bug must not stop membership
+        log.exception("gossip handler %r failed", handler)
+
+
+def _wall_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+def _advertise_guess(bind_host: str) -> str:
+    """The address others should reach us at when we bind a wildcard address."""
+    if bind_host not in ("", "0.0.0.0", "::"):
+        return bind_host
+    # connect() on a UDP socket only picks a route, it sends nothing: ask which
+    # interface would carry LAN multicast (the mDNS group)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("224.0.0.251", 5353))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        s.close()
