@@ -277,6 +277,7 @@ def _throughput_loop(broker_pid, pubs, subs, qos, duration, window, batch, pub_i
         "broker_cpu_s": cpu,
         "broker_cpu_pct": 100 * cpu / elapsed,
         "cpu_us_per_msg": 1e6 * cpu / received if received else None,
+        "msgs_per_cpu_s": received / cpu if cpu else None,
         "gen_cpu_pct": 100 * gen_cpu / elapsed,
     }
 

@@ -50,7 +50,7 @@ def _cell(m: Metric, stat: tuple[float, float, float, int] | None) -> str:
     if stat is None:
         return "—"
     med, lo, hi, n = stat
-    if n == 1 or lo == hi:
+    if n == 1 or _fmt(m, lo) == _fmt(m, hi):
         return _fmt(m, med)
     return f"{_fmt(m, med)} [{_fmt(m, lo)}..{_fmt(m, hi)}]"
 
