@@ -1,0 +1,82 @@
+"""A gossip-only node for labs and debugging: ``python -m gossip --node-id n1 ...``.
+
+Runs one GossipService (no broker) and keeps its member list in a JSON file, so
+namespace tests can watch membership without the full node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from .service import GossipService
+from .trace import NullTraceWriter, TraceWriter
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError("expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    trace = TraceWriter(args.trace_dir, args.node_id) if args.trace_dir else NullTraceWriter()
+    svc = GossipService(
+        node_id=args.node_id,
+        bind_host=args.bind[0],
+        bind_port=args.bind[1],
+        seeds=args.seed,
+        cluster_name=args.cluster,
+        cluster_key=args.cluster_key,
+        mdns=not args.no_mdns,
+        trace=trace,
+        preset=args.preset,
+        advertise_host=args.advertise,
+    )
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(svc.run)
+        print(f"gossip {args.node_id} on {svc.address[0]}:{port}", flush=True)  # type: ignore[index]
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            nursery.start_soon(_dump, svc, args.members_file)
+            async for _ in signals:
+                await svc.leave()
+                nursery.cancel_scope.cancel()
+                break
+    trace.close()
+
+
+async def _dump(svc: GossipService, path: str | None) -> None:
+    while True:
+        if path:
+            tmp = f"{path}.tmp"
+            Path(tmp).write_text(json.dumps({"members": svc.members(), "stats": svc.stats}))
+            os.replace(tmp, path)
+        await trio.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gossip", description=__doc__)
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--bind", type=_hostport, default=("0.0.0.0", 7946))
+    p.add_argument("--advertise", default=None)
+    p.add_argument("--seed", type=_hostport, action="append", default=[])
+    p.add_argument("--cluster", default="meshd")
+    p.add_argument("--cluster-key", default=None)
+    p.add_argument("--no-mdns", action="store_true")
+    p.add_argument("--preset", default="lan")
+    p.add_argument("--members-file", default=None)
+    p.add_argument("--trace-dir", default=None)
+    args = p.parse_args(argv)
+    trio.run(_main, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

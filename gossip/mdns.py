@@ -1,0 +1,140 @@
+"""mDNS discovery: announce ``_meshd._udp.local.`` and feed what we find into join.
+
+zeroconf runs its own threads; every blocking zeroconf call here goes through
+``trio.to_thread``, and browser callbacks come back into Trio only through
+``TrioToken.run_sync_soon`` onto a bounded channel (dropped when full: another
+announcement will come).  mDNS only finds seeds; membership is still SWIM's job.
+Nodes of another cluster name, and ourselves, are ignored.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from .service import GossipService
+
+log = logging.getLogger("meshd.gossip.mdns")
+
+SERVICE_TYPE = "_meshd._udp.local."
+REJOIN_AFTER = 30.0  # seconds before the same address is joined again
+
+
+def instance_name(node_id: str) -> str:
+    # DNS-SD instance labels may hold almost anything but dots split labels
+    return f"{node_id.replace('.', '-')}.{SERVICE_TYPE}"
+
+
+def txt_properties(node_id: str, port: int, cluster: str) -> dict[str, str]:
+    return {"node_id": node_id, "port": str(port), "cluster": cluster}
+
+
+def parse_txt(props: dict[Any, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in props.items():
+        key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+        val = v.decode("utf-8", "replace") if isinstance(v, bytes) else ("" if v is None else str(v))
+        out[key] = val
+    return out
+
+
+class MdnsDiscovery:
+    def __init__(self, service: "GossipService") -> None:
+        self.service = service
+        self.discovered: dict[str, tuple[str, int]] = {}  # node id -> gossip address
+        self._joined_at: dict[tuple[str, int], float] = {}
+        self.ignored_other_cluster = 0
+
+    async def run(self) -> None:
+        svc = self.service
+        assert svc.address is not None
+        host, port = svc.address
+        if ipaddress.ip_address(host).is_loopback:
+            log.info("mDNS off: gossip advertises loopback address %s", host)
+            return
+        token = trio.lowlevel.current_trio_token()
+        send, recv = trio.open_memory_channel[tuple[str, int, dict[str, str]]](64)
+
+        def deliver(item: tuple[str, int, dict[str, str]]) -> None:
+            try:
+                send.send_nowait(item)
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                pass
+
+        def on_change(zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+            # runs on zeroconf's browser thread, where blocking lookups are allowed
+            from zeroconf import ServiceStateChange
+
+            if state_change not in (ServiceStateChange.Added, ServiceStateChange.Updated):
+                return
+            info = zeroconf.get_service_info(service_type, name, timeout=2000)
+            if info is None:
+                return
+            props = parse_txt(info.properties or {})
+            for addr in info.parsed_addresses():
+                try:
+                    token.run_sync_soon(deliver, (addr, int(info.port or 0), props))
+                except trio.RunFinishedError:
+                    return
+
+        zc = await trio.to_thread.run_sync(self._start, host, port, on_change)
+        try:
+            async with recv:
+                async for addr, gport, props in recv:
+                    self._found(addr, gport, props)
+        finally:
+            send.close()
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._stop, zc)
+
+    def _start(self, host: str, port: int, on_change: Any) -> Any:
+        from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, Zeroconf
+
+        svc = self.service
+        # only the interface that carries our gossip address: mDNS stays on that LAN
+        zc = Zeroconf(interfaces=[host], ip_version=IPVersion.V4Only)
+        info = ServiceInfo(
+            SERVICE_TYPE,
+            instance_name(svc.node_id),
+            addresses=[socket.inet_aton(host)],
+            port=port,
+            properties=txt_properties(svc.node_id, port, svc.cluster_name),
+            server=f"{svc.node_id.replace('.', '-')}.local.",
+        )
+        try:
+            zc.register_service(info, allow_name_change=True)
+            self._browser = ServiceBrowser(zc, SERVICE_TYPE, handlers=[on_change])
+        except BaseException:
+            zc.close()
+            raise
+        self._info = info
+        return zc
+
+    def _stop(self, zc: Any) -> None:
+        try:
+            zc.unregister_service(self._info)
+        except Exception:  # closing anyway
+            pass
+        zc.close()
+
+    def _found(self, addr: str, port: int, props: dict[str, str]) -> None:
+        svc = self.service
+        node_id = props.get("node_id", "")
+        if props.get("cluster") != svc.cluster_name:
+            self.ignored_other_cluster += 1
+            return
+        if not node_id or node_id == svc.node_id or port <= 0:
+            return
+        self.discovered[node_id] = (addr, port)
+        now = trio.current_time()
+        last = self._joined_at.get((addr, port))
+        if last is not None and now - last < REJOIN_AFTER:
+            return
+        self._joined_at[(addr, port)] = now
+        log.info("mDNS found %s at %s:%s", node_id, addr, port)
+        svc.join([(addr, port)])
