@@ -137,6 +137,12 @@ class Broker:
 
         session = self.sessions.get(client_id)
         present = False
+        if session is not None and client_id not in self.connections:
+            deadline = session.expires_at()
+            if deadline is not None and deadline <= now:
+                # Expired but its timer has not run yet (e.g. just after a restart).
+                self._end_session(session, now, publish_pending_will=True)
+                session = None
         if session is not None and not connect.clean_start:
             present = True
         elif session is not None:
@@ -545,8 +551,11 @@ class Broker:
                 self._pending_wills[cid] = (token, will)
                 self._add_timer(due, "will", cid, token)
             deadline = session.expires_at()
-            if deadline is not None:
-                self._add_timer(max(deadline, now), "expire", cid, 0)
+            if deadline is not None and deadline <= now:
+                log.info("session %s expired while the node was down", cid)
+                self._end_session(session, now, publish_pending_will=True)
+            elif deadline is not None:
+                self._add_timer(deadline, "expire", cid, 0)
         if ids:
             self._msg_ids = itertools.count(max(ids) + 1)
         if state.sessions or state.retained:

@@ -504,10 +504,16 @@ class ClientConnection:
         else:
             broker.qos2_received(session, p.packet_id)
             ack = Pubrec(packet_id=p.packet_id, reason_code=rc)
-        # Principle 6: acknowledge only once what this PUBLISH wrote is synced.
+        self._send_ack(ack, epoch_before)
+
+    def _send_ack(self, ack: Any, epoch_before: int) -> None:
+        """Principle 6: acknowledge only once what the acknowledged packet wrote to the
+        store is synced (in `sync` durability). Acks leave in the order of the packets
+        they answer (MQTT-4.6.0-2), so once one waits, later ones queue behind it."""
+        broker = self.broker
+        store = broker.store
         wait_for = store.write_epoch if broker.acks_wait_for_sync and store.write_epoch != epoch_before else 0
         if self._pending_acks or wait_for > store.durable_epoch:
-            # Acks leave in PUBLISH order (MQTT-4.6.0-2), so later ones queue behind.
             self._pending_acks.append((wait_for, ack))
             broker.ack_waiters.add(self)
         else:
@@ -558,22 +564,24 @@ class ClientConnection:
         sub_id = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
         codes: list[int] = []
         retained: list[Delivery] = []
+        epoch_before = self.broker.store.write_epoch
         for sub in p.subscriptions:
             code, found = self.broker.subscribe(session, sub, sub_id, now)
             codes.append(code)
             retained.extend(found)
-        self.send(Suback(packet_id=p.packet_id, reason_codes=tuple(codes)))
+        self._send_ack(Suback(packet_id=p.packet_id, reason_codes=tuple(codes)), epoch_before)
         for d in retained:
             self.deliver(d, now)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session
         assert session is not None
+        epoch_before = self.broker.store.write_epoch
         codes = tuple(
             ReasonCode.SUCCESS if self.broker.unsubscribe(session, f) else ReasonCode.NO_SUBSCRIPTION_EXISTED
             for f in p.topic_filters
         )
-        self.send(Unsuback(packet_id=p.packet_id, reason_codes=codes))
+        self._send_ack(Unsuback(packet_id=p.packet_id, reason_codes=codes), epoch_before)
 
     def _on_disconnect(self, p: Disconnect) -> None:
         session = self.session

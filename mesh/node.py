@@ -67,9 +67,9 @@ class Node:
         except StoreOpenError as exc:
             raise ConfigError("data_dir", str(exc)) from None
         self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store)
-        self.broker.restore(self.store.load(), time.time())
         self._store_dirty = trio.Event()
         self.store.on_dirty = lambda: self._store_dirty.set()
+        self.broker.restore(self.store.load(), time.time())
         self.started_at = time.time()
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()
@@ -207,7 +207,9 @@ class Node:
             self._store_dirty = trio.Event()
             if pause:
                 await trio.sleep(pause)
-            await self._commit_pending()
+            # A batch once taken must reach the disk: shutdown must not cancel it midway.
+            with trio.CancelScope(shield=True):
+                await self._commit_pending()
 
     async def _commit_pending(self) -> None:
         store = self.store

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -194,7 +195,7 @@ class Client:
         while len(out) < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"expected {n} messages, got {len(out)}: {[m.topic for m in out]}")
+                raise AssertionError(f"expected {n} messages, got {len(out)}: {[m.topic for m in out[:10]]}...")
             try:
                 out.append(self.messages.get(timeout=left))
             except queue.Empty:
@@ -258,3 +259,56 @@ def subprocess_env() -> dict[str, str]:
 
 def run_cli(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
     return subprocess.run(meshd_command() + args, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
+
+
+class MeshdProcess:
+    """`meshd` as a real child process on 127.0.0.1 (MQTT only unless told otherwise)."""
+
+    def __init__(self, data_dir: str, *extra: str, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20.0) -> "MeshdProcess":
+        self.proc = subprocess.Popen(
+            meshd_command() + [
+                "--data-dir", self.data_dir, "--mqtt", f"127.0.0.1:{self.port}", "--ws", "off",
+                "--http", "off", "--gossip", "127.0.0.1:0", "--no-mdns", "--no-trace", *self.extra,
+            ],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"meshd exited early: {self.proc.stdout.read()}")  # type: ignore[union-attr]
+                time.sleep(0.05)
+        self.proc.kill()
+        raise AssertionError("meshd did not start listening")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown path runs."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(10)
+
+    def output(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        return self.proc.stdout.read()
+
+    def __enter__(self) -> "MeshdProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

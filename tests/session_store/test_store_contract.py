@@ -1,0 +1,207 @@
+"""One contract, two stores: the in-memory store and the RocksDB store behave alike,
+and the RocksDB store gives back after a reopen exactly what was committed."""
+
+from __future__ import annotations
+
+import gc
+from typing import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mesh.mqtt import Properties, Will
+from session_store.model import Delivery, Message, SubscriptionOptions
+from session_store.rocks import RocksStore, StoreOpenError
+from session_store.store import MemoryStore, RecoveredState, SessionStore
+
+
+def commit(store: SessionStore) -> None:
+    batch, epoch = store.take_batch()
+    store.write_batch(batch, sync=True)
+    store.mark_durable(epoch)
+
+
+def delivery(topic: str, seq: int, qos: int = 1, **props) -> Delivery:
+    d = Delivery(Message(topic, topic.encode() * 3, qos, False, Properties(**props) if props else Properties(), 1e9, "pub", seq), qos, False, (seq,))
+    d.seq = seq
+    return d
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def make_store(request, tmp_path) -> Callable[[], SessionStore]:
+    opened: list[SessionStore] = []
+
+    def make() -> SessionStore:
+        store = MemoryStore() if request.param == "memory" else RocksStore(tmp_path / "db")
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def snapshot(state: RecoveredState) -> dict:
+    """A comparable view of everything a store gave back."""
+    out = {}
+    for cid, s in state.sessions.items():
+        out[cid] = {
+            "meta": (s.expiry_interval, s.protocol_level, s.disconnected_at, s.next_seq),
+            "subs": dict(s.subscriptions),
+            "inflight": [(pid, d.message.topic, d.message.payload, d.seq, d.subscription_ids, st) for pid, d, st in s.inflight],
+            "queue": [(d.message.topic, d.seq, d.qos, d.message.properties) for d in s.queue],
+            "qos2": sorted(s.qos2_in),
+            "will": (s.will[0], s.will[1]) if s.will else None,
+        }
+    out["retained"] = sorted((m.topic, m.payload) for m in state.retained)
+    out["meta"] = state.meta
+    return out
+
+
+def test_everything_round_trips(make_store):
+    store = make_store()
+    store.put_session("c1", 3600, 5, 123.5, 9)
+    store.put_subscription("c1", "a/#", SubscriptionOptions(1, True, False, 2, 7))
+    store.put_subscription("c1", "$share/g/b", SubscriptionOptions(2))
+    store.put_queued("c1", delivery("q/2", 2, user_properties=(("k", "v"),)))
+    store.put_queued("c1", delivery("q/1", 1))
+    store.put_queued("c1", delivery("q/300", 300))
+    store.put_inflight("c1", 5, delivery("i/5", 5), "publish")
+    store.put_inflight("c1", 4, delivery("i/4", 6), "pubrel")
+    store.put_qos2_in("c1", 65535)
+    store.put_will("c1", Will("w", b"bye", 1, True, Properties(will_delay_interval=5)), 999.0)
+    store.put_retained(Message("r/t", b"kept", 1, True, Properties(content_type="text/plain")))
+    store.put_meta("cluster", {"x": [1, 2]})
+    commit(store)
+    state = store.load()
+    s = state.sessions["c1"]
+    assert (s.expiry_interval, s.protocol_level, s.disconnected_at) == (3600, 5, 123.5)
+    assert s.subscriptions["a/#"] == SubscriptionOptions(1, True, False, 2, 7)
+    assert [d.message.topic for d in s.queue] == ["q/1", "q/2", "q/300"]  # seq order, not insertion
+    assert s.queue[1].message.properties.user_properties == (("k", "v"),)
+    assert [(pid, st) for pid, _, st in s.inflight] == [(5, "publish"), (4, "pubrel")]  # send order
+    assert s.qos2_in == {65535}
+    assert s.will[0].properties.will_delay_interval == 5 and s.will[1] == 999.0
+    assert state.retained[0].properties.content_type == "text/plain"
+    assert state.meta == {"cluster": {"x": [1, 2]}}
+
+
+def test_delete_session_removes_only_that_session(make_store):
+    store = make_store()
+    for cid in ("a", "ab", "b"):
+        store.put_session(cid, 60, 4, None, 1)
+        store.put_subscription(cid, "t", SubscriptionOptions(1))
+        store.put_queued(cid, delivery("t", 1))
+        store.put_will(cid, Will("w", b""), None)
+    store.delete_session("a")
+    commit(store)
+    state = store.load()
+    assert sorted(state.sessions) == ["ab", "b"]
+    assert all(len(s.queue) == 1 and s.subscriptions and s.will for s in state.sessions.values())
+    assert state.skipped == 0
+
+
+def test_nothing_before_commit_and_epochs(make_store):
+    store = make_store()
+    dirty = []
+    store.on_dirty = lambda: dirty.append(1)
+    store.put_session("c", 60, 4, None, 1)
+    store.put_queued("c", delivery("t", 1))
+    assert dirty == [1]  # once per dirty period, not per write
+    assert store.has_pending() and store.write_epoch == 2 and store.durable_epoch == 0
+    assert store.load().sessions == {}
+    commit(store)
+    assert not store.has_pending()
+    assert list(store.load().sessions) == ["c"]
+
+
+def test_corrupt_values_are_skipped_with_a_count(make_store):
+    store = make_store()
+    store.put_session("good", 60, 4, None, 1)
+    store._put("sessions", b"bad", b"\xff\x00garbage")
+    store._put("queue", b"good\x00" + (1).to_bytes(8, "big"), b"\x00")
+    store._put("subscriptions", b"orphan\x00t", b"\xa0")
+    store._changed()
+    commit(store)
+    state = store.load()
+    assert list(state.sessions) == ["good"]
+    assert state.skipped == 3
+
+
+def test_rocksdb_locked_by_another_open_is_a_clear_error(tmp_path):
+    first = RocksStore(tmp_path / "db")
+    try:
+        with pytest.raises(StoreOpenError, match="cannot open session store"):
+            RocksStore(tmp_path / "db")
+    finally:
+        first.close()
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("session"), st.sampled_from("abc"), st.integers(0, 10)),
+        st.tuples(st.just("delete"), st.sampled_from("abc")),
+        st.tuples(st.just("sub"), st.sampled_from("abc"), st.sampled_from(["x", "y/#", "+/z"]), st.integers(0, 2)),
+        st.tuples(st.just("unsub"), st.sampled_from("abc"), st.sampled_from(["x", "y/#", "+/z"])),
+        st.tuples(st.just("queue"), st.sampled_from("abc"), st.integers(1, 50)),
+        st.tuples(st.just("dequeue"), st.sampled_from("abc"), st.integers(1, 50)),
+        st.tuples(st.just("inflight"), st.sampled_from("abc"), st.integers(1, 5), st.integers(1, 50)),
+        st.tuples(st.just("ack"), st.sampled_from("abc"), st.integers(1, 5)),
+        st.tuples(st.just("qos2"), st.sampled_from("abc"), st.integers(1, 5), st.booleans()),
+        st.tuples(st.just("retain"), st.sampled_from(["r1", "r2"]), st.booleans()),
+        st.just(("commit",)),
+    ),
+    max_size=40,
+)
+
+
+def apply(store: SessionStore, op: tuple) -> None:
+    kind = op[0]
+    if kind == "session":
+        store.put_session(op[1], 60 + op[2], 5, float(op[2]), op[2])
+    elif kind == "delete":
+        store.delete_session(op[1])
+    elif kind == "sub":
+        store.put_subscription(op[1], op[2], SubscriptionOptions(op[3]))
+    elif kind == "unsub":
+        store.delete_subscription(op[1], op[2])
+    elif kind == "queue":
+        store.put_queued(op[1], delivery(f"t/{op[2]}", op[2]))
+    elif kind == "dequeue":
+        store.delete_queued(op[1], op[2])
+    elif kind == "inflight":
+        store.put_inflight(op[1], op[2], delivery(f"i/{op[3]}", op[3]), "publish")
+    elif kind == "ack":
+        store.delete_inflight(op[1], op[2])
+    elif kind == "qos2":
+        (store.put_qos2_in if op[3] else store.delete_qos2_in)(op[1], op[2])
+    elif kind == "retain":
+        if op[2]:
+            store.put_retained(Message(op[1], b"v", 1, True, Properties()))
+        else:
+            store.delete_retained(op[1])
+    elif kind == "commit":
+        commit(store)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_random_operations_survive_reopen_and_match_memory(tmp_path_factory, ops):
+    path = tmp_path_factory.mktemp("prop") / "db"
+    memory, rocks = MemoryStore(), RocksStore(path)
+    for op in ops:
+        apply(memory, op)
+        apply(rocks, op)
+    commit(memory)
+    commit(rocks)
+    before = snapshot(rocks.load())
+    rocks.close()
+    gc.collect()
+    reopened = RocksStore(path)
+    try:
+        after = snapshot(reopened.load())
+    finally:
+        reopened.close()
+    assert after == before
+    assert after == snapshot(memory.load())
