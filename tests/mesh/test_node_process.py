@@ -125,3 +125,14 @@ def test_run_subcommand_is_bare_meshd(tmp_path):
     finally:
         proc2.send_signal(signal.SIGTERM)
         assert proc2.wait(timeout=10) == 0
+
+
+def test_store_in_use_by_another_node_is_refused(tmp_path):
+    from tests.support import MeshdProcess
+
+    with MeshdProcess(str(tmp_path / "shared")):
+        out = run_cli(["--data-dir", str(tmp_path / "shared"), "--mqtt", "127.0.0.1:0", "--ws", "off",
+                       "--http", "off", "--no-mdns", "--gossip", "127.0.0.1:0"])
+    assert out.returncode == 2
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("meshd: config error: data_dir: cannot open session store at")
