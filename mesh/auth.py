@@ -155,7 +155,12 @@ def verify_password(password: str | bytes, encoded: str) -> bool:
         params, salt, expected = parse_hash(encoded)
     except HashFormatError:
         return False
-    actual = _scrypt(_to_bytes(password), salt, params, len(expected))
+    try:
+        actual = _scrypt(_to_bytes(password), salt, params, len(expected))
+    except (ValueError, MemoryError) as e:
+        # OpenSSL refused the cost (memory limits): a node problem, not the client's.
+        log.error("scrypt %s failed: %s", params.encode(), e)
+        return False
     return hmac.compare_digest(actual, expected)
 
 
