@@ -39,8 +39,8 @@ def _spark_conf(pairs: list[str], master: str) -> dict[str, str]:
     conf: dict[str, str] = {}
     if master.startswith("local"):
         # The embedded default caches the traces in the driver JVM; 1g (Spark's default)
-        # is too small for millions of rows.
-        conf["spark.driver.memory"] = "4g"
+        # is far too small for millions of rows (10 M rows need about 4 GB of heap).
+        conf["spark.driver.memory"] = "6g"
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:

@@ -9,7 +9,7 @@ time had observed the event; null when that many never did.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from .lifetimes import alive_at
@@ -46,7 +46,8 @@ def observations(traces: DataFrame, lifetimes: DataFrame) -> DataFrame:
         F.col("start_ts_us").alias("_l_start_ts_us"),
         F.col("end_ts_us").alias("_l_end_ts_us"),
     )
-    joined = firsts.join(_event_heads(traces), "event_id").join(
+    # Events are far fewer than observations (one per node each): ship them, don't shuffle.
+    joined = firsts.join(F.broadcast(_event_heads(traces)), "event_id").join(
         F.broadcast(life), F.col("node") == F.col("_l_node")
     )
     return joined.filter(alive_at("_l_", F.col("origin_ts_us"))).select(
@@ -81,57 +82,50 @@ def alive_counts(traces: DataFrame, lifetimes: DataFrame) -> DataFrame:
     )
 
 
-def coverage_times(obs: DataFrame, heads: DataFrame, targets_bp: DataFrame) -> DataFrame:
-    """Per (event, target ``bp``): ``delay_us`` until ``ceil(bp/10000 * alive)`` nodes had
-    observed it (nearest rank), null if never. ``targets_bp`` has one column ``bp``."""
-    ranked = obs.select(
-        "event_id",
-        "delay_us",
-        F.row_number()
-        .over(Window.partitionBy("event_id").orderBy("delay_us", "node"))
-        .alias("rank"),
+def delay_arrays(obs: DataFrame, heads: DataFrame) -> DataFrame:
+    """Per event (from ``heads``): ``observed_nodes``, ``max_hops`` and ``delays``, the
+    sorted observation delays in µs. One shuffle of the observations; every coverage
+    time is then a lookup in the array (worth caching: the table and curve share it)."""
+    per_event = obs.groupBy("event_id").agg(
+        F.count(F.lit(1)).alias("observed_nodes"),
+        F.max("hops").alias("max_hops"),
+        F.sort_array(F.collect_list("delay_us")).alias("delays"),
     )
-    targets = (
-        heads.filter(F.col("alive_nodes") > 0)
-        .select("event_id", "alive_nodes")
-        .crossJoin(F.broadcast(targets_bp))
-        .withColumn("rank", F.expr("CAST((bp * alive_nodes + 9999) DIV 10000 AS INT)"))
+    return heads.join(per_event, "event_id", "left").select(
+        *heads.columns,
+        F.coalesce("observed_nodes", F.lit(0)).alias("observed_nodes"),
+        "max_hops",
+        F.coalesce("delays", F.array().cast("array<bigint>")).alias("delays"),
     )
-    return targets.join(ranked, ["event_id", "rank"], "left").select("event_id", "bp", "delay_us")
 
 
-def event_table(obs: DataFrame, heads: DataFrame, spark: SparkSession) -> DataFrame:
+def coverage_time_us(bp: int | Column) -> Column:
+    """Over ``delay_arrays`` rows: µs until ``ceil(bp/10000 * alive_nodes)`` nodes had
+    observed the event (nearest rank), null if that many never did."""
+    bp_col = bp if isinstance(bp, Column) else F.lit(bp)
+    rank = ((bp_col * F.col("alive_nodes") + 9999) / 10000).cast("long")  # integer ceil
+    reached = (rank >= 1) & (rank <= F.size("delays"))
+    return F.when(reached, F.element_at("delays", rank.cast("int")))
+
+
+def event_table(arrays: DataFrame) -> DataFrame:
     """The per-event table: alive/observed counts, coverage, t50..t100 in seconds, max hops."""
-    bps = spark.createDataFrame([(bp,) for bp in HEADLINE_BP.values()], "bp INT")
-    times = coverage_times(obs, heads, bps).groupBy("event_id").agg(
-        *[
-            F.max(F.when(F.col("bp") == bp, F.col("delay_us") / US)).alias(name)
-            for name, bp in HEADLINE_BP.items()
-        ]
-    )
-    counts = obs.groupBy("event_id").agg(
-        F.count(F.lit(1)).alias("observed_nodes"), F.max("hops").alias("max_hops")
-    )
-    return (
-        heads.join(counts, "event_id", "left")
-        .join(times, "event_id", "left")
-        .select(
-            "event_id",
-            "kind",
-            "origin",
-            "origin_ts_us",
-            "alive_nodes",
-            F.coalesce("observed_nodes", F.lit(0)).alias("observed_nodes"),
-            (F.coalesce("observed_nodes", F.lit(0)) / F.col("alive_nodes")).alias("coverage"),
-            F.col("t100_s").isNotNull().alias("full_coverage"),
-            *HEADLINE_BP.keys(),
-            "max_hops",
-        )
+    return arrays.select(
+        "event_id",
+        "kind",
+        "origin",
+        "origin_ts_us",
+        "alive_nodes",
+        "observed_nodes",
+        (F.col("observed_nodes") / F.col("alive_nodes")).alias("coverage"),
+        coverage_time_us(HEADLINE_BP["t100_s"]).isNotNull().alias("full_coverage"),
+        *[(coverage_time_us(bp) / US).alias(name) for name, bp in HEADLINE_BP.items()],
+        "max_hops",
     )
 
 
-def infection_curve(obs: DataFrame, heads: DataFrame, spark: SparkSession, points: int = 50) -> DataFrame:
-    """Per coverage fraction: median and p99 (over events) of the time to reach it.
+def infection_curve(arrays: DataFrame, points: int = 50) -> DataFrame:
+    """Per coverage fraction: p01/median/p99 (over events) of the time to reach it (s).
 
     Events that never reach a fraction count as infinitely slow (null in the
     output when the percentile lands on them). ``percentile_approx`` keeps values
@@ -139,9 +133,10 @@ def infection_curve(obs: DataFrame, heads: DataFrame, spark: SparkSession, point
     the exact nearest rank.
     """
     step = 10000 // points
-    bps = spark.createDataFrame([(bp,) for bp in range(step, 10001, step)], "bp INT")
     never = F.lit(2**62)
-    t = coverage_times(obs, heads, bps).withColumn("d", F.coalesce("delay_us", never))
+    t = arrays.filter(F.col("alive_nodes") > 0).select(
+        F.explode(F.sequence(F.lit(step), F.lit(10000), F.lit(step))).alias("bp"), "alive_nodes", "delays"
+    ).select("bp", F.coalesce(coverage_time_us(F.col("bp")), never).alias("d"))
     agg = t.groupBy("bp").agg(
         F.percentile_approx("d", F.lit(0.5), 10000).alias("p50"),
         F.percentile_approx("d", F.lit(0.99), 10000).alias("p99"),
@@ -149,10 +144,7 @@ def infection_curve(obs: DataFrame, heads: DataFrame, spark: SparkSession, point
     )
     return agg.select(
         (F.col("bp") / 10000.0).alias("fraction"),
-        *[
-            F.when(F.col(c) < never, F.col(c) / US).alias(f"{c}_s")
-            for c in ("p01", "p50", "p99")
-        ],
+        *[F.when(F.col(c) < never, F.col(c) / US).alias(f"{c}_s") for c in ("p01", "p50", "p99")],
     ).orderBy("fraction")
 
 

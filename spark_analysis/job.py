@@ -119,14 +119,15 @@ def run_report(
 
     life, obs, heads, facts = stages.run("node lifetimes and observations", basics)
 
-    def dissem() -> tuple[DataFrame, dict[str, Any], Method, Method]:
-        events = dissemination.event_table(obs, heads, spark).cache()
+    def dissem() -> tuple[DataFrame, DataFrame, dict[str, Any], Method, Method]:
+        arrays = dissemination.delay_arrays(obs, heads).cache()
+        events = dissemination.event_table(arrays).cache()
         ev_method = choose_method(events, limit=exact_limit)
         obs_method = choose_method(obs, limit=exact_limit)
         dsum = summary.dissemination_summary(events, obs, ev_method, obs_method)
-        return events, dsum, ev_method, obs_method
+        return arrays, events, dsum, ev_method, obs_method
 
-    events, dissem_summary, ev_method, obs_method = stages.run("dissemination", dissem)
+    arrays, events, dissem_summary, ev_method, obs_method = stages.run("dissemination", dissem)
 
     def detect() -> tuple[DataFrame, DataFrame, dict[str, Any], dict[str, Any]]:
         crashed = lifetimes.crashes(life)
@@ -193,23 +194,21 @@ def run_report(
     def page() -> None:
         if "html" not in formats:
             return
-        plots = collect_plot_data(spark, obs, heads, events, det)
+        plots = collect_plot_data(arrays, events, det)
         plots.lag = lag_top
         html_path = render_report(result_summary, plots, out)
         written.extend(sorted(out.glob("*.png")) + [html_path])
 
     stages.run("plots and html", page)
-    for df in (traces, life, obs, heads, events, det, fp, lag, episodes):
+    for df in (traces, life, obs, heads, arrays, events, det, fp, lag, episodes):
         df.unpersist()
     return ReportResult(result_summary, out, written, stages.timings)
 
 
-def collect_plot_data(
-    spark: SparkSession, obs: DataFrame, heads: DataFrame, events: DataFrame, det: DataFrame
-) -> PlotData:
+def collect_plot_data(arrays: DataFrame, events: DataFrame, det: DataFrame) -> PlotData:
     """Bring the (small) series the plots need to the driver."""
     plots = PlotData()
-    plots.curve = [r.asDict() for r in dissemination.infection_curve(obs, heads, spark).collect()]
+    plots.curve = [r.asDict() for r in dissemination.infection_curve(arrays).collect()]
     n_events = events.count()
     sample = events if n_events <= PLOT_EVENT_LIMIT else events.sample(
         fraction=PLOT_EVENT_LIMIT / n_events, seed=7

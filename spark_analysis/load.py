@@ -174,22 +174,26 @@ def load_traces(spark: SparkSession, paths: list[str]) -> Loaded:
     bad = F.col(CORRUPT_COLUMN).isNotNull()
     for name in REQUIRED_FIELDS:
         bad = bad | F.col(name).isNull()
-    # Cached with the corrupt column: Spark refuses queries on that column alone
-    # straight from the files, and every metric reads these rows again anyway.
-    raw = raw.withColumn("_bad", bad).cache()
-    counts = raw.agg(
+    # One parse: cache the typed fields (nulled on bad lines) and a bad-line flag, not
+    # the raw text. Every metric reads these rows again.
+    flagged = raw.select(
+        *[F.when(~bad, F.col(f)).alias(f) for f in TRACE_SCHEMA.fieldNames()],
+        bad.alias("_bad"),
+    ).cache()
+    counts = flagged.agg(
         F.count(F.lit(1)).alias("total"), F.sum(F.col("_bad").cast("long")).alias("bad")
     ).first()
     total, bad_lines = int(counts["total"]), int(counts["bad"] or 0)
     if total == 0:
-        raw.unpersist()
+        flagged.unpersist()
         raise NoTracesError(f"{', '.join(paths)}: trace files are empty")
     if bad_lines == total:
+        flagged.unpersist()
+        # Nothing usable, so the input is small or wrong: look at a few raw lines.
         samples = [
             r[0] or json.dumps({k: r[k] for k in TRACE_SCHEMA.fieldNames()})
             for r in raw.select(CORRUPT_COLUMN, *TRACE_SCHEMA.fieldNames()).limit(5).collect()
         ]
-        raw.unpersist()
         detail = _describe_mismatch(samples)
         if detail:
             raise SchemaMismatchError(
@@ -198,5 +202,5 @@ def load_traces(spark: SparkSession, paths: list[str]) -> Loaded:
         raise NoTracesError(
             f"{', '.join(paths)}: no valid trace lines ({bad_lines} bad line(s) skipped)"
         )
-    traces = raw.filter(~F.col("_bad")).select(*TRACE_SCHEMA.fieldNames())
+    traces = flagged.filter(~F.col("_bad")).select(*TRACE_SCHEMA.fieldNames())
     return Loaded(traces=traces, rows=total - bad_lines, bad_lines=bad_lines, files=inputs.count)

@@ -57,12 +57,12 @@ def test_event_table_coverage_times(spark, frames):
         "observed_nodes long, coverage double, full_coverage boolean, t50_s double, "
         "t90_s double, t99_s double, t100_s double, max_hops long",
     )
-    events = dissemination.event_table(frames["obs"], frames["heads"], spark)
+    events = dissemination.event_table(dissemination.delay_arrays(frames["obs"], frames["heads"]))
     assertDataFrameEqual(events, expected)
 
 
 def test_dissemination_summary_medians_and_hops(spark, frames):
-    events = dissemination.event_table(frames["obs"], frames["heads"], spark)
+    events = dissemination.event_table(dissemination.delay_arrays(frames["obs"], frames["heads"]))
     s = dissemination_summary(events, frames["obs"], EXACT, EXACT)
     assert s["events"] == 8 and s["full_coverage_ratio"] == 0.625
     # t50 over 7 events .2 .2 .3 .5 .5 .5 1; t90/t99 over .4 .9 1 2 2.
