@@ -4,6 +4,12 @@
 TLS 1.2 and 1.3 only, forward-secret AEAD ciphers only on 1.2 (1.3's suites are all
 modern), no compression, no session tickets (a long-lived ticket key would undo forward
 secrecy), no renegotiation.
+`accept_tls` is the listener's side: the handshake under a deadline, and a clean close
+when it fails. Use it for `wss` too, before handing the stream to trio-websocket
+(`trio_websocket.wrap_server_stream`): `serve_websocket(..., ssl_context)` leaves a
+TLS 1.3 client whose certificate was refused hanging until its connect timeout,
+because the client's side of a 1.3 handshake completes before the server says no.
+
 Every problem with a file raises `TlsConfigError` naming the setting (`tls_cert`,
 `tls_key`, `tls_ca`), so an operator sees which line of the config to fix.
 """
@@ -16,7 +22,9 @@ import os
 import ssl
 from typing import Any
 
-__all__ = ["server_context", "peer_common_name", "TlsConfigError", "TLS12_CIPHERS"]
+import trio
+
+__all__ = ["server_context", "peer_common_name", "accept_tls", "TlsConfigError", "TLS12_CIPHERS"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +168,41 @@ def peer_common_name(ssl_object: Any) -> str | None:
             if name == "commonName":
                 common_name = value
     return common_name
+
+
+async def accept_tls(stream: trio.abc.Stream, ctx: ssl.SSLContext, timeout: float = 10.0) -> trio.SSLStream[Any] | None:
+    """Server-side handshake on an accepted stream, within `timeout` seconds.
+
+    Returns the `trio.SSLStream`, or None after closing the connection when the
+    handshake fails: a refused or missing client certificate, plain text (say an MQTT
+    CONNECT sent to the TLS port), an old protocol version, or a client too slow to
+    finish (slowloris). Failures are logged at debug; they are the client's problem.
+    """
+    tls = trio.SSLStream(stream, ctx, server_side=True)
+    failure: str | None = None
+    with trio.move_on_after(timeout) as scope:
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError as e:
+            cause = e.__cause__
+            failure = str(getattr(cause, "reason", None) or cause or e)
+        except trio.ClosedResourceError:
+            failure = "closed"
+    if scope.cancelled_caught:
+        failure = f"no handshake within {timeout:g} s"
+    if failure is None:
+        return tls
+    log.debug("TLS handshake from %s failed: %s", _peer(stream), failure)
+    with trio.move_on_after(1) as close_scope:
+        close_scope.shield = True
+        await trio.aclose_forcefully(stream)
+    return None
+
+
+def _peer(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError, TypeError):
+        return "?"
+    return f"{host}:{port}"

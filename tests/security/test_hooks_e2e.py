@@ -28,7 +28,7 @@ from mesh.limits import TokenBucket
 from mesh.mqtt import Decoder, RemoteProtocolError, encode
 from mesh.mqtt.packets import Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Publish, Suback, Subscribe
 from mesh.mqtt.reason_codes import ReasonCode
-from mesh.tls import peer_common_name, server_context
+from mesh.tls import accept_tls, peer_common_name, server_context
 
 FAST = ScryptParams(n=2**10, r=8, p=1)
 ACL = """
@@ -62,13 +62,14 @@ class Gatekeeper:
 
     async def handle(self, tcp: trio.SocketStream) -> None:
         ip = tcp.socket.getpeername()[0]
-        stream = trio.SSLStream(tcp, self.ctx, server_side=True)
+        stream = await accept_tls(tcp, self.ctx, timeout=10)  # the listener hook
+        if stream is None:
+            return  # bad certificate, plain text, too slow: already closed
         try:
             with trio.fail_after(10):
-                await stream.do_handshake()
                 await self._session(stream, ip)
         except (trio.BrokenResourceError, trio.TooSlowError, RemoteProtocolError):
-            pass  # bad certificate, plain text, reset: close cleanly
+            pass
         finally:
             with trio.move_on_after(1):
                 await stream.aclose()

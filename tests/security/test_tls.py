@@ -14,7 +14,7 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from mesh.tls import TLS12_CIPHERS, TlsConfigError, peer_common_name, server_context
+from mesh.tls import TLS12_CIPHERS, TlsConfigError, accept_tls, peer_common_name, server_context
 
 
 @dataclass
@@ -274,3 +274,141 @@ async def test_plain_text_on_a_tls_port_closes_cleanly(pki: Pki) -> None:
         await stream.aclose()
     assert isinstance(seen.error, trio.BrokenResourceError)
     assert b"MQTT" not in reply
+
+
+
+# --- accept_tls: the listener's handshake ----------------------------------------
+
+
+@dataclass
+class Accepted:
+    streams: list = None  # type: ignore[assignment]
+    refused: int = 0
+
+
+async def _accept_loop(ctx: ssl.SSLContext, result: Accepted, timeout: float = 5.0,
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    result.streams = []
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+
+    async def handle(stream: trio.SocketStream) -> None:
+        tls = await accept_tls(stream, ctx, timeout=timeout)
+        if tls is None:
+            result.refused += 1
+            return
+        result.streams.append(tls)
+        data = await tls.receive_some(100)
+        await tls.send_all(data.upper())
+        await tls.aclose()
+
+    await trio.serve_listeners(handle, listeners)
+
+
+async def test_accept_tls_good_client(pki: Pki) -> None:
+    result = Accepted()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_accept_loop, server_context(pki.cert, pki.key, pki.ca_file, True), result)
+        assert await _client(port, _client_ctx(pki, with_cert=pki.client)) == b"HELLO MQTTS"
+        nursery.cancel_scope.cancel()
+    assert result.refused == 0 and peer_common_name(result.streams[0]) == "alice"
+
+
+async def _read_until_closed(stream: trio.abc.Stream) -> bytes:
+    data = b""
+    try:
+        while chunk := await stream.receive_some(1000):
+            data += chunk
+    except trio.BrokenResourceError:
+        pass  # a reset is a close too
+    return data
+
+
+async def test_accept_tls_refused_certificate_closes_instead_of_hanging(pki: Pki) -> None:
+    """TLS 1.3: the client's handshake succeeds before the server refuses it; the
+    server must still close, so the client sees an error or EOF, not silence."""
+    result = Accepted()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_accept_loop, server_context(pki.cert, pki.key, pki.ca_file, True), result)
+        tcp = await trio.open_tcp_stream("127.0.0.1", port)
+        tls = trio.SSLStream(tcp, _client_ctx(pki), server_hostname="localhost")
+        with trio.fail_after(5):
+            try:
+                await tls.do_handshake()
+                await tls.send_all(b"GET /mqtt HTTP/1.1\r\n\r\n")
+                assert await _read_until_closed(tls) == b""
+            except trio.BrokenResourceError:
+                pass
+        nursery.cancel_scope.cancel()
+    assert result.refused == 1 and result.streams == []
+
+
+async def test_accept_tls_plain_text_is_closed(pki: Pki) -> None:
+    result = Accepted()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_accept_loop, server_context(pki.cert, pki.key), result)
+        tcp = await trio.open_tcp_stream("127.0.0.1", port)
+        await tcp.send_all(b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04test")
+        with trio.fail_after(5):
+            reply = await _read_until_closed(tcp)
+        nursery.cancel_scope.cancel()
+    assert b"MQTT" not in reply
+    assert result.refused == 1
+
+
+async def test_accept_tls_slowloris_times_out(pki: Pki) -> None:
+    result = Accepted()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_accept_loop, server_context(pki.cert, pki.key), result, 0.3)
+        tcp = await trio.open_tcp_stream("127.0.0.1", port)
+        await tcp.send_all(b"\x16\x03\x01")  # the first bytes of a ClientHello, then nothing
+        with trio.fail_after(5):
+            assert await _read_until_closed(tcp) == b""
+        nursery.cancel_scope.cancel()
+    assert result.refused == 1
+
+
+async def test_wss_listener_with_the_same_context(pki: Pki) -> None:
+    """The `wss` listener: accept_tls, then trio-websocket on the TLS stream."""
+    from trio_websocket import open_websocket, wrap_server_stream
+
+    seen = Seen()
+    ctx = server_context(pki.cert, pki.key, pki.ca_file, require_client_cert=True)
+    refused = 0
+
+    async def handle(stream: trio.SocketStream) -> None:
+        nonlocal refused
+        tls = await accept_tls(stream, ctx, timeout=5)
+        if tls is None:
+            refused += 1
+            return
+        seen.cn = peer_common_name(tls)
+        async with trio.open_nursery() as nursery:
+            request = await wrap_server_stream(nursery, tls)
+            ws = await request.accept(subprotocol="mqtt")
+            message = await ws.get_message()
+            seen.echoed = message
+            await ws.send_message(message[::-1])
+            await ws.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        nursery.start_soon(trio.serve_listeners, handle, listeners)
+        with trio.fail_after(5):
+            async with open_websocket("localhost", port, "/mqtt", use_ssl=_client_ctx(pki, with_cert=pki.client),
+                                      subprotocols=["mqtt"]) as ws:
+                assert ws.subprotocol == "mqtt"
+                await ws.send_message(b"\x10\x00")
+                assert await ws.get_message() == b"\x00\x10"
+        # Without a client certificate the server refuses and closes at once (see
+        # test_accept_tls_refused_certificate_closes_instead_of_hanging); trio-websocket's
+        # client only notices at its connect timeout, so keep that short here.
+        with trio.fail_after(5):
+            with pytest.raises(Exception):
+                async with open_websocket("localhost", port, "/mqtt", use_ssl=_client_ctx(pki),
+                                          subprotocols=["mqtt"], connect_timeout=0.5) as ws:
+                    await ws.get_message()
+        nursery.cancel_scope.cancel()
+    assert seen.echoed == b"\x10\x00" and seen.cn == "alice"
+    assert refused == 1
