@@ -26,13 +26,16 @@ What "a rule's topic matches" means:
   an *allow* rule matches when S is covered by the rule's filter, every topic S could
   match is matched by it (`a/+/c` is covered by `a/#`; `a/#` is not covered by
   `a/+`); a *deny* rule matches when S and the rule's filter could match a common
-  topic (`#` overlaps `secret/#`). With `eq`, both are plain string equality.
-(`eq` rules are the exception: they decide only requests for exactly that string.)
+  topic (`#` overlaps `secret/#`). With `eq`, S must equal the text exactly.
 This reading is conservative on purpose: when a subscription is granted, every
 message it can deliver is one that the same rules would allow the subscriber to read
-topic by topic, so no check is needed per delivered message, and retained messages
-sent on subscribe obey the rules too. The price: a filter allowed only piecewise by
-several rules (`#` with `allow a/#` and `allow b/#`) is refused.
+topic by topic (rules with `eq` aside: they decide only requests for exactly their
+text), so no check is needed per delivered message, and retained messages sent on
+subscribe obey the rules too. The price: a filter allowed only piecewise by several
+rules (`#` with `allow a/#` and `allow b/#`) is refused.
+
+Wills: check `publish` on the will topic at CONNECT (refuse the CONNECT with 0x87, or
+drop the will); retained messages published by a client are PUBLISHes like any other.
 
 Rules are compiled once per file; the rules for one client (conditions decided,
 `%u`/`%c` substituted) once per client, cached; decisions per topic are cached too,
@@ -42,6 +45,8 @@ so the check per PUBLISH is a dict lookup in the common case.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import tomllib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -53,6 +58,7 @@ from mesh.mqtt.topics import parse_shared_subscription, topic_matches, validate_
 __all__ = [
     "Acl",
     "AclError",
+    "AclFile",
     "AclRule",
     "ClientAcl",
     "Action",
@@ -70,6 +76,8 @@ _PLACEHOLDERS = ("%u", "%c")
 _UNSAFE_IN_NAME = ("/", "+", "#")
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+log = logging.getLogger(__name__)
 
 
 class AclError(ValueError):
@@ -445,3 +453,48 @@ class Acl:
     def describe(self) -> str:
         return f"{self.source}: {len(self.rules)} rules, acl_nomatch={'allow' if self.nomatch_allow else 'deny'}"
 
+
+
+def _file_signature(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+class AclFile:
+    """The `acl_file` setting: the current `Acl`, re-read on SIGHUP or when it changes.
+
+    `AclFile(path)` raises AclError at start, so a node never runs with rules it could
+    not read. A later reload that fails keeps the rules in force and logs why: a typo
+    saved mid-edit must not open (or close) the whole broker. `AclFile(None)` allows
+    everything and never reloads.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._signature = _file_signature(path) if path else None
+        self.acl = Acl.from_file(path) if path else Acl.allow_all()
+        self.generation = 0  # bumped on each successful reload
+
+    def reload(self) -> bool:
+        """Re-read now; True if the new rules are in force."""
+        if not self.path:
+            return False
+        self._signature = _file_signature(self.path)
+        try:
+            acl = Acl.from_file(self.path)
+        except AclError as e:
+            log.error("%s; the previous rules stay in force (%s)", e, self.acl.describe())
+            return False
+        self.acl = acl
+        self.generation += 1
+        log.info("ACL reloaded: %s", acl.describe())
+        return True
+
+    def reload_if_changed(self) -> bool:
+        """Re-read if mtime, size or inode changed since the last read."""
+        if not self.path or _file_signature(self.path) == self._signature:
+            return False
+        return self.reload()

@@ -394,3 +394,36 @@ def test_subscribe_to_a_plain_topic_matches_reference(spec: tuple[list[dict], bo
     acl = Acl.from_toml_text(text)
     expected = reference_topic_decision(rules, nomatch_allow, "subscribe", topic, user)
     assert sub(acl, topic, user=user) is expected
+
+
+# --- AclFile: reload on change ----------------------------------------------------
+
+
+def test_acl_file_reload(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import os
+
+    from mesh.acl import AclFile
+
+    path = tmp_path / "acl.toml"
+    path.write_text('acl_nomatch = "deny"\n[[rule]]\npermission = "allow"\ntopics = ["a/#"]\n')
+    watched = AclFile(str(path))
+    assert pub(watched.acl, "a/x") and not pub(watched.acl, "b/x")
+    assert watched.reload_if_changed() is False
+    path.write_text('acl_nomatch = "deny"\n[[rule]]\npermission = "allow"\ntopics = ["b/#", "c"]\n')
+    assert watched.reload_if_changed() is True and watched.generation == 1
+    assert pub(watched.acl, "b/x") and not pub(watched.acl, "a/x")
+    # A broken edit keeps the rules in force and says why.
+    caplog.set_level(logging.ERROR, logger="mesh.acl")
+    path.write_text('[[rule]]\npermission = "alow"\ntopics = ["#"]\n')
+    assert watched.reload_if_changed() is False
+    assert "rule 1: 'permission'" in caplog.text and "previous rules stay in force" in caplog.text
+    assert pub(watched.acl, "b/x") and not pub(watched.acl, "a/x")
+    assert watched.reload_if_changed() is False  # not retried until the file changes again
+    os.unlink(path)
+    assert watched.reload() is False and pub(watched.acl, "b/x")
+    # At start a bad file is an error, not an open broker.
+    with pytest.raises(AclError):
+        AclFile(str(path))
+    unset = AclFile(None)
+    assert pub(unset.acl, "anything") and unset.reload() is False and unset.reload_if_changed() is False
