@@ -23,12 +23,14 @@ import binascii
 import enum
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import re
 import secrets
 import threading
 from dataclasses import dataclass
+from typing import Iterable
 
 from mesh.limits import PerKeyRateLimiter, rate_limit_key_for_ip
 from mesh.mqtt.reason_codes import ReasonCode, connack_v3_return_code
@@ -47,6 +49,7 @@ __all__ = [
     "AuthResult",
     "AuthOutcome",
     "validate_username",
+    "anonymous_exposure_warning",
 ]
 
 log = logging.getLogger(__name__)
@@ -494,3 +497,28 @@ class Authenticator:
         if passwords.verify(username, password):
             return AuthResult(AuthOutcome.OK, username, "password")
         return AuthResult(AuthOutcome.BAD_CREDENTIALS, username, "bad user name or password")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False  # a host name or a wildcard ("", "0.0.0.0" parses; "*" does not)
+
+
+def anonymous_exposure_warning(allow_anonymous: bool, listen_hosts: Iterable[str]) -> str | None:
+    """The warning to log at start when anonymous clients can connect from the network.
+
+    `listen_hosts` are the MQTT listeners' bind hosts (TCP, WebSocket, TLS). None when
+    anonymous access is off or every listener is on loopback.
+    """
+    if not allow_anonymous:
+        return None
+    exposed = sorted({h if h else "*" for h in listen_hosts if not _is_loopback(h)})
+    if not exposed:
+        return None
+    return (f"anonymous access is on (allow_anonymous) and MQTT listens beyond loopback "
+            f"({', '.join(exposed)}): anyone who can reach the node can publish and subscribe; "
+            "set password_file and allow_anonymous = false")

@@ -178,8 +178,8 @@ def rate_limit_key_for_ip(ip: str) -> str:
 class MemoryGuard:
     """Is this process's resident memory above `threshold_bytes`?
 
-    Reads `/proc/self/statm` (second field: resident pages) on each call: a few
-    microseconds, cheap enough per new connection. A threshold of 0 or None disables
+    Reads `/proc/self/statm` (second field: resident pages) on each call: about
+    ten microseconds, cheap enough per new connection. A threshold of 0 or None disables
     the guard. Where the file cannot be read (not Linux) the guard reports not over,
     and `available` is False so the node can log once that it is off.
     """

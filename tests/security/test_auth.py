@@ -365,3 +365,23 @@ def test_check_is_thread_safe(authn: Authenticator) -> None:
     stats = authn.stats
     assert stats.ok + stats.bad_credentials + stats.rate_limited + stats.not_authorized == 40
     assert stats.bad_credentials + stats.rate_limited == 20
+
+
+@pytest.mark.parametrize(
+    ("allow", "hosts", "warns"),
+    [
+        (True, ["127.0.0.1", "::1", "localhost", "[::1]"], False),
+        (True, ["127.0.0.1", "0.0.0.0"], True),
+        (True, [""], True),
+        (True, ["::"], True),
+        (True, ["10.0.0.5"], True),
+        (True, ["broker.example.org"], True),
+        (False, ["0.0.0.0"], False),
+        (True, [], False),
+    ],
+)
+def test_anonymous_exposure_warning(allow: bool, hosts: list[str], warns: bool) -> None:
+    message = auth.anonymous_exposure_warning(allow, hosts)
+    assert (message is not None) is warns
+    if message:
+        assert "allow_anonymous" in message and "password_file" in message
