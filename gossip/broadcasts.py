@@ -19,6 +19,10 @@ class _Item:
         self.id = id_
 
 
+def _order(it: _Item) -> tuple[int, int]:
+    return (it.transmits, -it.id)
+
+
 class TransmitLimitedQueue:
     def __init__(self) -> None:
         self._items: dict[Hashable, _Item] = {}
@@ -47,7 +51,10 @@ class TransmitLimitedQueue:
         out: list[bytes] = []
         if room <= 0:
             return out
-        items = sorted(self._items.values(), key=lambda it: (it.transmits, -it.id))
+        if len(self._items) == 1:
+            items = list(self._items.values())
+        else:
+            items = sorted(self._items.values(), key=_order)
         for it in items:
             size = len(it.data)
             if size > room:

@@ -219,8 +219,10 @@ class Swim:
                 mem[node] = Member(node, addr, ALIVE, 0, now, ts)
                 index[node] = len(others)
                 others.append(node)
-        self._probe_list = list(self._others)
-        self.rng.shuffle(self._probe_list)
+        # a uniform shuffle; sorting on random keys is several times faster than
+        # Random.shuffle, which matters when a simulator boots 1,000 x 1,000 members
+        rnd = self.rng.random
+        self._probe_list = sorted(others, key=lambda _: rnd())
         self._probe_index = 0
         # everyone already knows us: no need to announce
         self._queue = TransmitLimitedQueue()

@@ -28,9 +28,9 @@ def test_crashed_node_marked_dead_everywhere_within_the_formula_bound() -> None:
 
 
 def test_ten_virtual_minutes_lossy_no_false_dead_every_broadcast_everywhere() -> None:
-    r = Simulation(SimParams(nodes=100, seconds=600, loss=0.05, broadcasts_per_s=0.5, seed=5)).run()
+    r = Simulation(SimParams(nodes=100, seconds=600, loss=0.05, broadcasts_per_s=0.25, seed=5)).run()
     assert r.false_dead == 0
-    assert len(r.broadcasts) > 250
+    assert len(r.broadcasts) > 120
     assert r.broadcast_coverage == 1.0
     assert max(r.broadcast_latencies) < 3.0
 
@@ -49,7 +49,8 @@ def test_same_seed_same_run() -> None:
     p = SimParams(nodes=40, seconds=30, loss=0.1, crash=2, crash_at=5, broadcasts_per_s=1, stall=0.1, seed=9)
     a, b = Simulation(p).run(), Simulation(p).run()
     sa, sb = a.summary(), b.summary()
-    sa.pop("wall_s"), sb.pop("wall_s"), sa.pop("speed_x"), sb.pop("speed_x")
+    for k in ("wall_s", "speed_x", "cpu_s", "cpu_speed_x"):
+        sa.pop(k), sb.pop(k)
     assert sa == sb
     assert a.dead_seen == b.dead_seen
 
