@@ -247,6 +247,7 @@ async def test_client_certificate_from_another_ca_is_refused(pki: Pki) -> None:
     await _expect_refused(server_context(pki.cert, pki.key, pki.ca_file, True), _client_ctx(pki, with_cert=stranger))
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
 async def test_tls11_client_is_refused(pki: Pki) -> None:
     client = _client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_1)
     try:
