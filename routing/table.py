@@ -1,0 +1,277 @@
+"""The cluster route table: topic filter -> nodes with at least one local subscriber.
+
+A CRDT in which every origin node is the only writer of its own entries (EMQX's
+(filter, node) routes).  Pure code: no I/O, no clocks.
+
+Each origin numbers its changes 1, 2, 3, ... within an *epoch* (a number that grows
+with every restart of that node, so a restarted node's fresh numbering is never
+mistaken for old news).  A `RouteDelta` carries a contiguous run of changes.  A replica
+applies changes strictly in order: a delta that leaves a gap is parked and the origin
+is marked *wanted*, and the gap is closed by a `RouteSnapshot` (the origin's complete
+entry set at some version) pulled by anti-entropy.  So a replica's view of an origin is
+always exactly the origin's state at some version, never a mix, which makes applying
+idempotent (duplicates are <= the version held), order-independent (parked deltas are
+drained in order) and convergent (the newest snapshot wins).
+
+`digest()` gives per origin (epoch, version, hash); two replicas with equal digests hold
+equal entries, and comparing digests tells which origins a peer lacks.  The hash is an
+XOR of per-filter hashes, kept incrementally.
+
+An origin declared dead is dropped (its routes go); when it comes back, its next delta
+leaves a gap (or starts a new epoch), so its entries return through a snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from routing.trie import TopicTrie
+
+MAX_PARKED = 10_000
+
+
+def filter_hash(topic_filter: str) -> int:
+    return int.from_bytes(hashlib.blake2b(topic_filter.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDelta:
+    """Changes `first_version`, `first_version + 1`, ... of `origin` in `epoch`:
+    each change is (filter, present)."""
+
+    origin: str
+    epoch: int
+    first_version: int
+    changes: tuple[tuple[str, bool], ...]
+
+    @property
+    def last_version(self) -> int:
+        return self.first_version + len(self.changes) - 1
+
+    def to_wire(self) -> list:
+        return [self.origin, self.epoch, self.first_version, [[f, p] for f, p in self.changes]]
+
+    @classmethod
+    def from_wire(cls, data: object) -> "RouteDelta":
+        origin, epoch, first, changes = data  # type: ignore[misc]
+        if not isinstance(origin, str) or not isinstance(epoch, int) or not isinstance(first, int) or first < 1:
+            raise ValueError("bad route delta header")
+        parsed = tuple((str(f), bool(p)) for f, p in changes)
+        if not parsed:
+            raise ValueError("empty route delta")
+        return cls(origin, epoch, first, parsed)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSnapshot:
+    """All live entries of `origin` at (`epoch`, `version`)."""
+
+    origin: str
+    epoch: int
+    version: int
+    filters: frozenset[str]
+
+    def to_wire(self) -> list:
+        return [self.origin, self.epoch, self.version, sorted(self.filters)]
+
+    @classmethod
+    def from_wire(cls, data: object) -> "RouteSnapshot":
+        origin, epoch, version, filters = data  # type: ignore[misc]
+        if not isinstance(origin, str) or not isinstance(epoch, int) or not isinstance(version, int) or version < 0:
+            raise ValueError("bad route snapshot header")
+        return cls(origin, epoch, version, frozenset(str(f) for f in filters))
+
+
+@dataclass
+class _OriginState:
+    epoch: int
+    version: int = 0
+    filters: set[str] = field(default_factory=set)
+    hash: int = 0
+    parked: dict[int, tuple[str, bool]] = field(default_factory=dict)  # version -> change
+
+    def set(self, topic_filter: str, present: bool) -> bool:
+        """Apply one change; True if it changed the entry set."""
+        if present and topic_filter not in self.filters:
+            self.filters.add(topic_filter)
+        elif not present and topic_filter in self.filters:
+            self.filters.discard(topic_filter)
+        else:
+            return False
+        self.hash ^= filter_hash(topic_filter)
+        return True
+
+
+Change = tuple[str, str, bool]  # (filter, node, present): what the remote trie must do
+
+
+class RouteTable:
+    """One replica of the cluster route table, held by node `node_id`."""
+
+    def __init__(self, node_id: str, epoch: int) -> None:
+        self.node_id = node_id
+        self.local = _OriginState(epoch)
+        self.remote: dict[str, _OriginState] = {}
+        self.trie: TopicTrie[str] = TopicTrie()  # remote routes only: filter -> nodes
+        self.wanted: set[str] = set()  # origins with a gap: need a snapshot
+        self.dropped_parked = 0
+
+    # -------------------------------------------------------------- local routes
+
+    def add_local(self, topic_filter: str) -> RouteDelta | None:
+        return self._local_change(topic_filter, True)
+
+    def remove_local(self, topic_filter: str) -> RouteDelta | None:
+        return self._local_change(topic_filter, False)
+
+    def _local_change(self, topic_filter: str, present: bool) -> RouteDelta | None:
+        if not self.local.set(topic_filter, present):
+            return None
+        self.local.version += 1
+        return RouteDelta(self.node_id, self.local.epoch, self.local.version, ((topic_filter, present),))
+
+    def local_changes(self, changes: Iterable[tuple[str, bool]]) -> RouteDelta | None:
+        """Several local changes as one delta (those that change nothing are left out)."""
+        applied = [(f, p) for f, p in changes if self.local.set(f, p)]
+        if not applied:
+            return None
+        first = self.local.version + 1
+        self.local.version += len(applied)
+        return RouteDelta(self.node_id, self.local.epoch, first, tuple(applied))
+
+    def local_snapshot(self) -> RouteSnapshot:
+        return RouteSnapshot(self.node_id, self.local.epoch, self.local.version, frozenset(self.local.filters))
+
+    def local_filters(self) -> set[str]:
+        return self.local.filters
+
+    # ------------------------------------------------------------- remote routes
+
+    def apply_delta(self, delta: RouteDelta) -> list[Change]:
+        if delta.origin == self.node_id:
+            return []
+        state = self.remote.get(delta.origin)
+        changes: list[Change] = []
+        if state is None or delta.epoch > state.epoch:
+            # A new origin, or a restarted one: its state at version 0 of this epoch is
+            # empty. Changes that come before version 1 are parked until it arrives.
+            changes.extend(self._drop(delta.origin))
+            state = self.remote[delta.origin] = _OriginState(delta.epoch)
+        elif delta.epoch < state.epoch:
+            return changes
+        for offset, change in enumerate(delta.changes):
+            version = delta.first_version + offset
+            if version > state.version:
+                state.parked.setdefault(version, change)
+        if len(state.parked) > MAX_PARKED:
+            # Too far behind: forget the parked run and rely on the snapshot.
+            self.dropped_parked += len(state.parked)
+            state.parked.clear()
+        changes.extend(self._drain(delta.origin, state))
+        if state.parked:
+            self.wanted.add(delta.origin)
+        return changes
+
+    def _drain(self, origin: str, state: _OriginState) -> list[Change]:
+        changes: list[Change] = []
+        parked = state.parked
+        for v in [v for v in parked if v <= state.version]:
+            del parked[v]
+        while state.version + 1 in parked:
+            state.version += 1
+            topic_filter, present = parked.pop(state.version)
+            if state.set(topic_filter, present):
+                changes.append(self._trie_change(topic_filter, origin, present))
+        if not parked:
+            self.wanted.discard(origin)
+        return changes
+
+    def apply_snapshot(self, snap: RouteSnapshot) -> list[Change]:
+        """Take a snapshot if it is newer than what this replica holds."""
+        if snap.origin == self.node_id:
+            return []
+        state = self.remote.get(snap.origin)
+        if state is not None and (snap.epoch, snap.version) <= (state.epoch, state.version):
+            return []
+        changes: list[Change] = []
+        old = state.filters if state is not None else set()
+        parked = state.parked if state is not None and state.epoch == snap.epoch else {}
+        new_state = _OriginState(snap.epoch, snap.version)
+        for f in snap.filters:
+            new_state.set(f, True)
+        for f in old - snap.filters:
+            changes.append(self._trie_change(f, snap.origin, False))
+        for f in snap.filters - old:
+            changes.append(self._trie_change(f, snap.origin, True))
+        new_state.parked = {v: c for v, c in parked.items() if v > snap.version}
+        self.remote[snap.origin] = new_state
+        changes.extend(self._drain(snap.origin, new_state))
+        return changes
+
+    def drop_origin(self, origin: str) -> list[Change]:
+        """The origin was declared dead: its routes go until it returns."""
+        self.wanted.discard(origin)
+        return self._drop(origin)
+
+    def _drop(self, origin: str) -> list[Change]:
+        state = self.remote.pop(origin, None)
+        if state is None:
+            return []
+        return [self._trie_change(f, origin, False) for f in state.filters]
+
+    def _trie_change(self, topic_filter: str, origin: str, present: bool) -> Change:
+        if present:
+            self.trie.add(topic_filter, origin)
+        else:
+            self.trie.remove(topic_filter, origin)
+        return (topic_filter, origin, present)
+
+    # ------------------------------------------------------------ anti-entropy
+
+    def digest(self) -> dict[str, tuple[int, int, int]]:
+        """origin -> (epoch, version, hash) for every origin held, this node included."""
+        out = {origin: (s.epoch, s.version, s.hash) for origin, s in self.remote.items()}
+        out[self.node_id] = (self.local.epoch, self.local.version, self.local.hash)
+        return out
+
+    def snapshots_newer_than(self, peer_digest: dict[str, tuple[int, int, int]]) -> list[RouteSnapshot]:
+        """What a peer with `peer_digest` lacks: snapshots of origins we hold newer."""
+        out = []
+        for origin, (epoch, version, _) in self.digest().items():
+            theirs = peer_digest.get(origin)
+            if theirs is None or (epoch, version) > (theirs[0], theirs[1]):
+                out.append(self.snapshot_of(origin))
+        return out
+
+    def snapshot_of(self, origin: str) -> RouteSnapshot:
+        if origin == self.node_id:
+            return self.local_snapshot()
+        s = self.remote[origin]
+        return RouteSnapshot(origin, s.epoch, s.version, frozenset(s.filters))
+
+    # -------------------------------------------------------------- lookups
+
+    def match_nodes(self, topic: str) -> set[str]:
+        """Remote nodes with a route matching `topic` (a trie walk, not a scan)."""
+        nodes: set[str] = set()
+        for _, origins in self.trie.match_filters(topic):
+            nodes.update(origins)
+        return nodes
+
+    def routes(self) -> dict[str, set[str]]:
+        """filter -> nodes, this node included: the whole cluster table."""
+        out: dict[str, set[str]] = {}
+        for f in self.local.filters:
+            out.setdefault(f, set()).add(self.node_id)
+        for origin, s in self.remote.items():
+            for f in s.filters:
+                out.setdefault(f, set()).add(origin)
+        return out
+
+    def origins(self) -> Iterator[str]:
+        return iter(self.remote)
+
+    def route_count(self) -> int:
+        return len(self.local.filters) + sum(len(s.filters) for s in self.remote.values())

@@ -1,0 +1,142 @@
+"""The route-table CRDT: any order, duplicates and losses, then anti-entropy, converge."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routing.table import RouteDelta, RouteSnapshot, RouteTable
+
+FILTERS = ["a/#", "a/b", "+/c", "$share/g/x", "d", "e/+/f"]
+
+
+def origin_history(name: str, ops: list[tuple[int, bool]], epoch: int = 1) -> tuple[RouteTable, list[RouteDelta]]:
+    origin = RouteTable(name, epoch)
+    deltas = []
+    for i, present in ops:
+        d = origin.add_local(FILTERS[i]) if present else origin.remove_local(FILTERS[i])
+        if d is not None:
+            deltas.append(d)
+    return origin, deltas
+
+
+OPS = st.lists(st.tuples(st.integers(0, len(FILTERS) - 1), st.booleans()), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_a=OPS, ops_b=OPS, seed=st.integers(0, 2**32), loss=st.floats(0, 0.5), dup=st.floats(0, 0.5))
+def test_shuffled_duplicated_lossy_deltas_converge_after_anti_entropy(ops_a, ops_b, seed, loss, dup):
+    rng = random.Random(seed)
+    a, deltas_a = origin_history("A", ops_a)
+    b, deltas_b = origin_history("B", ops_b)
+    stream = [d for d in deltas_a + deltas_b if rng.random() >= loss]
+    stream += [d for d in stream if rng.random() < dup]
+    rng.shuffle(stream)
+    replica = RouteTable("R", 1)
+    for d in stream:
+        replica.apply_delta(d)
+    # Anti-entropy: the replica pulls what its digest lacks from each origin.
+    for origin in (a, b):
+        for snap in origin.snapshots_newer_than(replica.digest()):
+            replica.apply_snapshot(snap)
+    assert replica.wanted == set()
+    for origin in (a, b):
+        assert replica.digest()[origin.node_id] == origin.digest()[origin.node_id]
+    expected = {}
+    for origin in (a, b):
+        for f in origin.local_filters():
+            expected.setdefault(f, set()).add(origin.node_id)
+    assert {f: n for f, n in replica.routes().items()} == expected
+    # The remote trie agrees with the table.
+    for f, nodes in expected.items():
+        assert replica.trie.values(f) == nodes
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS, seed=st.integers(0, 2**32))
+def test_two_replicas_in_any_order_reach_equal_digests(ops, seed):
+    rng = random.Random(seed)
+    _, deltas = origin_history("A", ops)
+    r1, r2 = RouteTable("R1", 1), RouteTable("R2", 1)
+    order1, order2 = list(deltas), list(deltas)
+    rng.shuffle(order1)
+    rng.shuffle(order2)
+    for d in order1:
+        r1.apply_delta(d)
+    for d in order2:
+        r2.apply_delta(d)
+    assert r1.digest().get("A") == r2.digest().get("A")
+    assert r1.routes() == r2.routes()
+
+
+def test_in_order_deltas_need_no_snapshot():
+    a, deltas = origin_history("A", [(0, True), (1, True), (0, False)])
+    r = RouteTable("R", 1)
+    changes = [c for d in deltas for c in r.apply_delta(d)]
+    assert changes == [("a/#", "A", True), ("a/b", "A", True), ("a/#", "A", False)]
+    assert r.wanted == set() and r.routes() == {"a/b": {"A"}}
+    assert r.match_nodes("a/b") == {"A"}
+    assert r.match_nodes("a/c") == set()
+
+
+def test_gap_marks_origin_wanted_until_snapshot():
+    a, deltas = origin_history("A", [(0, True), (1, True), (4, True)])
+    r = RouteTable("R", 1)
+    r.apply_delta(deltas[0])
+    r.apply_delta(deltas[2])  # version 3 before 2: parked
+    assert r.wanted == {"A"}
+    assert r.routes() == {"a/#": {"A"}}
+    r.apply_delta(deltas[1])  # the gap closes by itself
+    assert r.wanted == set()
+    assert r.routes() == {"a/#": {"A"}, "a/b": {"A"}, "d": {"A"}}
+
+
+def test_dead_origin_dropped_and_restored_by_snapshot():
+    a, deltas = origin_history("A", [(0, True), (1, True)])
+    r = RouteTable("R", 1)
+    for d in deltas:
+        r.apply_delta(d)
+    assert sorted(c[0] for c in r.drop_origin("A")) == ["a/#", "a/b"]
+    assert r.match_nodes("a/b") == set()
+    # It was only unreachable: its next change leaves a gap; the snapshot brings all back.
+    more = a.add_local("d")
+    r.apply_delta(more)
+    assert r.wanted == {"A"} and r.routes() == {}
+    r.apply_snapshot(a.local_snapshot())
+    assert r.routes() == {"a/#": {"A"}, "a/b": {"A"}, "d": {"A"}}
+
+
+def test_restart_starts_a_new_epoch_that_replaces_the_old_one():
+    a, deltas = origin_history("A", [(0, True), (1, True)], epoch=1)
+    r = RouteTable("R", 1)
+    for d in deltas:
+        r.apply_delta(d)
+    a2, deltas2 = origin_history("A", [(4, True)], epoch=2)
+    r.apply_delta(deltas2[0])
+    assert r.routes() == {"d": {"A"}}
+    # Late news from the old epoch is ignored.
+    r.apply_delta(deltas[1])
+    r.apply_snapshot(RouteSnapshot("A", 1, 5, frozenset({"zzz"})))
+    assert r.routes() == {"d": {"A"}}
+
+
+def test_wire_round_trip_and_batched_local_changes():
+    t = RouteTable("A", 7)
+    d = t.local_changes([("x", True), ("y", True), ("x", True)])
+    assert d.first_version == 1 and d.changes == (("x", True), ("y", True))
+    assert RouteDelta.from_wire(d.to_wire()) == d
+    snap = t.local_snapshot()
+    assert RouteSnapshot.from_wire(snap.to_wire()) == snap
+    assert t.local_changes([("x", True)]) is None
+
+
+def test_large_table_snapshot():
+    t = RouteTable("A", 1)
+    d = t.local_changes((f"dev/{i}/cmd", True) for i in range(100_000))
+    r = RouteTable("R", 1)
+    r.apply_snapshot(t.local_snapshot())
+    assert r.route_count() == 100_000
+    assert r.match_nodes("dev/99999/cmd") == {"A"}
+    assert d.last_version == 100_000
