@@ -45,6 +45,14 @@ class GossipConfig:
     # Lifeguard master switch (local health, nack, dynamic suspicion, buddy system);
     # off gives classic SWIM, which the simulator compares against.
     lifeguard: bool = True
+    # Broadcasts seen in the last broadcast_retain_time seconds (at most
+    # broadcast_retain_count of them) are also exchanged in push-pull, so a member the
+    # epidemic happened to miss still gets them (serf's event buffer).
+    broadcast_retain_time: float = 300.0
+    broadcast_retain_count: int = 512
+    # After a direct probe times out, also ping the target over TCP (memberlist's
+    # fallback): UDP loss alone then no longer makes a live member suspect.
+    tcp_fallback: bool = True
     # A seed join is retried this often while we know no live member.
     rejoin_interval: float = 5.0
     # Every reconnect_interval we try a push-pull with one member we consider dead

@@ -275,7 +275,7 @@ class GossipService:
             except (OSError, OverflowError, ValueError, TypeError):
                 self.send_errors += 1
         if self._nursery is not None:
-            for addr, body in swim.push_pull_requests():
+            for addr, body in swim.streams_to_open():
                 self._nursery.start_soon(self._push_pull_client, addr, body)
         for ev in swim.events():
             self._dispatch(ev)
@@ -332,7 +332,7 @@ class GossipService:
                     return
             opened = self._open_frame(reply)
             if opened is not None:
-                self.swim.receive_push_pull_reply(opened, trio.current_time())
+                self.swim.receive_stream_reply(opened, trio.current_time())
                 await self._flush()
         if scope.cancelled_caught:
             self.push_pull_failures += 1
@@ -349,7 +349,7 @@ class GossipService:
                 opened = self._open_frame(body)
                 if opened is None:
                     return
-                reply = self.swim.handle_push_pull(opened, trio.current_time())
+                reply = self.swim.handle_stream(opened, trio.current_time())
                 await self._flush()
                 if reply is not None:
                     try:

@@ -270,7 +270,7 @@ class Simulation:
                 self._push(now + self._latency(i, j), _DELIVER, j, data, src)
                 if dup and rnd() < dup:
                     self._push(now + self._latency(i, j), _DELIVER, j, data, src)
-        for addr, body in sw.push_pull_requests() if sw._pp_out else ():
+        for addr, body in sw.streams_to_open() if sw._pp_out else ():
             j = self.index.get(addr[0])
             if j is None or self._cut(i, j):
                 continue
@@ -380,7 +380,7 @@ class Simulation:
                 if j in stalled:
                     self._pending.setdefault(j, []).append(("pp", i, body))
                     continue
-                reply = nodes[j].handle_push_pull(body, t)
+                reply = nodes[j].handle_stream(body, t)
                 self._flush(j)
                 if reply is not None and not self._cut(i, j):
                     self._push(t + self._latency(i, j), _PP_REPLY, i, reply)
@@ -391,7 +391,7 @@ class Simulation:
                 if i in stalled:
                     self._pending.setdefault(i, []).append(("ppr", body))
                     continue
-                nodes[i].receive_push_pull_reply(body, t)
+                nodes[i].receive_stream_reply(body, t)
                 self._flush(i)
             else:
                 self._control(kind, args)
@@ -429,11 +429,11 @@ class Simulation:
             for item in self._pending.pop(i, []):
                 if item[0] == "pp":
                     _, src, body = item
-                    reply = sw.handle_push_pull(body, t)
+                    reply = sw.handle_stream(body, t)
                     if reply is not None and src not in self.crashed_at:
                         self._push(t + self._latency(i, src), _PP_REPLY, src, reply)
                 elif item[0] == "ppr":
-                    sw.receive_push_pull_reply(item[1], t)
+                    sw.receive_stream_reply(item[1], t)
                 else:
                     _, data, src = item
                     sw.receive(data, src, t)

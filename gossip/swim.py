@@ -3,8 +3,9 @@
 Shaped like aioquic's connection: the driver feeds datagrams with ``receive(data,
 addr, now)``, collects ``datagrams_to_send(now)``, sleeps until ``next_timer()`` and
 calls ``handle_timer(now)``.  Push-pull over TCP goes the same way:
-``push_pull_requests()`` lists frames to deliver, ``handle_push_pull(frame, now)``
-answers one, ``receive_push_pull_reply(frame, now)`` merges the answer.  No sockets,
+``streams_to_open()`` lists request frames to deliver over a stream (push-pull
+state exchanges and memberlist's TCP fallback pings), ``handle_stream(frame, now)``
+answers one, ``receive_stream_reply(frame, now)`` takes the answer.  No sockets,
 no clock reads, randomness from the injected ``random.Random``: the real Trio driver
 and the discrete-event simulator run this exact code.
 
@@ -97,6 +98,7 @@ class Stats:
     probes: int = 0
     probe_failures: int = 0
     probes_inconclusive: int = 0
+    fallback_acks: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
 
 
@@ -151,6 +153,7 @@ class Swim:
         self._encoder = wire.PacketEncoder(node_id)
         self._user_seen: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._user_seq = 0
+        self._recent: dict[tuple[str, str], tuple[float, list]] = {}
         self._limit_n, self._limit = -1, 0
 
         ts = self._ts(now)
@@ -175,8 +178,9 @@ class Swim:
             self._out = []
         return out
 
-    def push_pull_requests(self) -> list[tuple[Addr, bytes]]:
-        """Push-pull frames (un-length-prefixed bodies) to deliver over a stream."""
+    def streams_to_open(self) -> list[tuple[Addr, bytes]]:
+        """Request frames (bodies, not yet length-prefixed) to send over a new stream;
+        the reply, if any, goes to ``receive_stream_reply``."""
         out = self._pp_out
         if out:
             self._pp_out = []
@@ -205,7 +209,7 @@ class Swim:
                 continue
             if remember and addr not in self.seeds:
                 self.seeds.append(addr)
-            self._pp_out.append((addr, self._push_pull_frame(join=True)))
+            self._pp_out.append((addr, self._push_pull_frame(now, join=True)))
         if self.seeds and not any(t[2] == _T_REJOIN for t in self._timers):
             self._schedule(now + self.config.rejoin_interval, _T_REJOIN, None)
 
@@ -254,6 +258,7 @@ class Swim:
         if len(data) + self._encoder.overhead > self.packet_limit:
             raise ValueError(f"broadcast of {len(data)} bytes does not fit one packet")
         self._queue.queue(("u", kind, key), data)
+        self._remember(kind, key, [kind, key, self.id, ts, self._user_seq, payload, 0], now)
         self._events.append(BroadcastReceived(ts, kind, key, self.id, ts, event_id, 0, payload, True))
         return event_id
 
@@ -367,8 +372,28 @@ class Swim:
         ots, seq, hops = int(ots), int(seq), int(hops) + 1
         self._user_seen[(kind, key)] = (ots, seq, origin)
         self._queue.queue(("u", kind, key), wire.encode_part([wire.USER, kind, key, origin, ots, seq, payload, hops]))
+        self._remember(kind, key, [kind, key, origin, ots, seq, payload, hops], now)
         event_id = f"{origin}:{ots}:{seq}"
         self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, event_id, hops, payload, False))
+
+    def _remember(self, kind: str, key: str, entry: list, now: float) -> None:
+        # recent broadcasts ride push-pull too (serf's event buffer): gossip alone
+        # misses a member now and then, anti-entropy repairs it
+        recent = self._recent
+        recent.pop((kind, key), None)
+        recent[(kind, key)] = (now, entry)
+        if len(recent) > self.config.broadcast_retain_count:
+            del recent[next(iter(recent))]
+
+    def _recent_broadcasts(self, now: float) -> list[list]:
+        recent = self._recent
+        cutoff = now - self.config.broadcast_retain_time
+        while recent:
+            k = next(iter(recent))
+            if recent[k][0] >= cutoff:
+                break
+            del recent[k]
+        return [entry for _, entry in recent.values()]
 
     # ------------------------------------------------------------------ state changes
 
@@ -615,6 +640,11 @@ class Swim:
             self._send(h.addr, [part])
         if want_nack:
             probe.expected_nacks = len(helpers)
+        if self.config.tcp_fallback:
+            # memberlist's fallback: a stream is not lost to UDP loss, so a live target
+            # answers it even when every datagram of this probe was dropped
+            frame = wire.encode_frame_body(wire.PING, self.id, {"seq": seq, "target": probe.target})
+            self._pp_out.append((target.addr, frame))
 
     def _probe_failed(self, probe: _Probe, now: float) -> None:
         self.stats.probe_failures += 1
@@ -709,31 +739,50 @@ class Swim:
             return
         picked = self._random_members(1, exclude=None, states=(ALIVE,))
         if picked:
-            self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(join=False)))
+            self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
 
-    def _push_pull_frame(self, *, join: bool, reply: bool = False) -> bytes:
+    def _push_pull_frame(self, now: float, *, join: bool, reply: bool = False) -> bytes:
         members = [
             [m.id, m.addr[0], m.addr[1], m.state, m.incarnation, m.state_change_us]
             for m in self.members.values()
         ]
         user = {name: get() for name, (get, _merge) in self.push_pull_providers.items()}
         return wire.encode_frame_body(
-            wire.PUSH_PULL, self.id, {"cluster": self.cluster_name, "join": join, "reply": reply, "members": members, "user": user}
+            wire.PUSH_PULL,
+            self.id,
+            {
+                "cluster": self.cluster_name, "join": join, "reply": reply, "members": members, "user": user,
+                "broadcasts": self._recent_broadcasts(now),
+            },
         )
 
-    def handle_push_pull(self, body: bytes, now: float) -> bytes | None:
-        """Answer an incoming push-pull frame with our own state (None: refused)."""
-        env = self._decode_push_pull(body)
+    def handle_stream(self, body: bytes, now: float) -> bytes | None:
+        """Answer an incoming stream request: push-pull with our own state, a TCP
+        ping with an ack (None: refused, close the stream)."""
+        env = self._decode_stream(body)
         if env is None:
             return None
-        reply = self._push_pull_frame(join=False, reply=True)
+        if env["t"] == wire.PING:
+            if env.get("target") != self.id or not isinstance(env.get("seq"), int):
+                return None
+            return wire.encode_frame_body(wire.ACK, self.id, {"seq": env["seq"]})
+        reply = self._push_pull_frame(now, join=False, reply=True)
         self._merge(env, now)
         return reply
 
-    def receive_push_pull_reply(self, body: bytes, now: float) -> None:
-        env = self._decode_push_pull(body)
-        if env is not None:
-            self._merge(env, now)
+    def receive_stream_reply(self, body: bytes, now: float) -> None:
+        env = self._decode_stream(body)
+        if env is None:
+            return
+        if env["t"] == wire.ACK:
+            probe = self._probe
+            if probe is not None and probe.seq == env.get("seq") and not probe.acked:
+                # reachable over TCP although UDP failed: do not accuse (and do not
+                # count it as a healthy probe either)
+                probe.acked = True
+                self.stats.fallback_acks += 1
+            return
+        self._merge(env, now)
 
     def _reconnect(self, now: float) -> None:
         if self.leaving:
@@ -745,9 +794,9 @@ class Swim:
         candidates += [addr for addr, _ in self._lost.values()]
         if candidates:
             addr = candidates[int(self.rng.random() * len(candidates))]
-            self._pp_out.append((addr, self._push_pull_frame(join=False)))
+            self._pp_out.append((addr, self._push_pull_frame(now, join=False)))
 
-    def _decode_push_pull(self, body: bytes) -> dict | None:
+    def _decode_stream(self, body: bytes) -> dict | None:
         try:
             env = wire.decode_frame_body(body)
         except wire.UnsupportedVersion:
@@ -756,6 +805,8 @@ class Swim:
         except wire.WireError:
             self.stats.malformed += 1
             return None
+        if env["t"] in (wire.PING, wire.ACK):
+            return env
         if env["t"] != wire.PUSH_PULL or env.get("cluster") != self.cluster_name or not isinstance(env.get("members"), list):
             self.stats.malformed += 1
             return None
@@ -782,6 +833,13 @@ class Swim:
                 if node not in self.members and state == SUSPECT:
                     self._alive(node, inc, addr, node, changed_us, 1, now)
                 self._suspect(node, inc, sender, changed_us, 1, now)
+        broadcasts = env.get("broadcasts")
+        if isinstance(broadcasts, list):
+            for entry in broadcasts:
+                try:
+                    self._on_user([wire.USER, *entry], sender, ("", 0), now)
+                except (TypeError, ValueError, KeyError, IndexError, OverflowError):
+                    self.stats.malformed += 1
         user = env.get("user")
         if isinstance(user, dict):
             for name, (_get, merge) in self.push_pull_providers.items():

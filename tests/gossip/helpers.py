@@ -52,7 +52,7 @@ class Cluster:
             for name, sw in list(self.nodes.items()):
                 if name in self.down:
                     sw.datagrams_to_send(self.now)
-                    sw.push_pull_requests()
+                    sw.streams_to_open()
                     continue
                 self.events[name].extend(sw.events())
                 for addr, data in sw.datagrams_to_send(self.now):
@@ -64,14 +64,14 @@ class Cluster:
                         continue
                     self.delivered.append((name, dst, types))
                     self.nodes[dst].receive(data, addr_of(name), self.now)
-                for addr, body in sw.push_pull_requests():
+                for addr, body in sw.streams_to_open():
                     busy = True
                     dst = addr[0]
-                    if dst in self.down or dst not in self.nodes:
+                    if dst in self.down or dst not in self.nodes or self.drop(name, dst, ["stream"]) or self.drop(dst, name, ["stream"]):
                         continue
-                    reply = self.nodes[dst].handle_push_pull(body, self.now)
+                    reply = self.nodes[dst].handle_stream(body, self.now)
                     if reply is not None:
-                        sw.receive_push_pull_reply(reply, self.now)
+                        sw.receive_stream_reply(reply, self.now)
                 self.events[name].extend(sw.events())
 
     def run_until(self, t: float) -> None:

@@ -387,8 +387,8 @@ def test_push_pull_from_another_cluster_is_refused() -> None:
     a = lone("a")
     other = Swim("x", addr_of("x"), now=0.0, rng=random.Random(2), config=CFG, cluster_name="other")
     other.join([addr_of("a")], 0.0)
-    (_, body), = other.push_pull_requests()
-    assert a.handle_push_pull(body, 0.1) is None
+    (_, body), = other.streams_to_open()
+    assert a.handle_stream(body, 0.1) is None
     assert "x" not in a.members
 
 
@@ -473,3 +473,32 @@ def test_well_formed_envelopes_with_odd_fields_never_crash(msgs: list[list]) -> 
     sw.receive(packet("x", *msgs), addr_of("x"), 1.0)
     sw.handle_timer(100.0)
     assert sw.members["a"].state == ALIVE
+
+
+def test_tcp_fallback_ping_saves_a_member_behind_udp_loss() -> None:
+    c = Cluster(["a", "b", "c", "d"], CFG)
+    # every datagram to or from b is lost, streams still work
+    c.drop = lambda src, dst, types: "b" in (src, dst) and types != ["stream"]
+    c.run_until(10.0)
+    assert all(c.state(n, "b") == ALIVE for n in "acd")
+    assert sum(c.nodes[n].stats.fallback_acks for n in "acd") > 0
+
+
+def test_stream_ping_for_someone_else_is_refused() -> None:
+    a = lone("a")
+    body = wire.encode_frame_body("ping", "b", {"seq": 4, "target": "zz"})
+    assert a.handle_stream(body, 0.1) is None
+    reply = a.handle_stream(wire.encode_frame_body("ping", "b", {"seq": 4, "target": "a"}), 0.1)
+    assert reply is not None and wire.decode_frame_body(reply)["seq"] == 4
+
+
+def test_push_pull_hands_over_a_broadcast_the_epidemic_missed() -> None:
+    c = Cluster(["a", "b", "c"], CFG)
+    c.drop = lambda src, dst, types: dst == "c" and types != ["stream"]  # c misses all gossip
+    c.nodes["a"].broadcast("cfg", "k", "v", 0.0)
+    c.run_until(5.0)
+    assert not [e for e in c.events["c"] if isinstance(e, BroadcastReceived)]
+    c.nodes["c"].join([addr_of("b")], c.now)  # any push-pull, here a manual one
+    c.pump()
+    got = [e for e in c.events["c"] if isinstance(e, BroadcastReceived)]
+    assert [(e.origin, e.payload) for e in got] == [("a", "v")]
