@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("MESHD_BENCH_CACHE", Path.home() / ".cache" / "meshd-bench"))
+# Where meshd's code is imported from: the working tree, or a copy of one commit that
+# `export_commit` made (so a run measures one commit while others edit the tree).
+MESHD_SOURCE = REPO
+CACHE = Path(os.environ.get("BENCH_CACHE_DIR", Path.home() / ".cache" / "meshd-bench"))
 AMQTT_VENV = CACHE / "amqtt-venv"
 AMQTT_REQUIREMENT = "amqtt>=0.12,<0.13"
 BROKER_CORE = 1
@@ -83,6 +86,17 @@ def mosquitto_version() -> str:
     out = subprocess.run([ensure_mosquitto(), "-h"], capture_output=True, text=True)
     first = (out.stdout or out.stderr).splitlines()[:1]
     return first[0].replace("mosquitto version ", "") if first else "?"
+
+
+def export_commit(rev: str, dest: Path) -> str:
+    """Copy the tree of `rev` to `dest` and import meshd from there; return the short hash."""
+    global MESHD_SOURCE
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    MESHD_SOURCE = dest
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
+                          capture_output=True, text=True).stdout.strip()
 
 
 def meshd_version() -> str:
@@ -178,7 +192,7 @@ def start(spec: BrokerSpec, workdir: Path, *, pin: bool = True, startup_timeout:
     if pin and can_pin():
         cmd = ["taskset", "-c", str(BROKER_CORE), *cmd]  # taskset execs: same PID
     log_path = workdir / f"{spec.name}.log"
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(MESHD_SOURCE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if spec.name == "amqtt":
         env.pop("PYTHONPATH")  # its own venv, nothing of ours
     with open(log_path, "ab") as log:

@@ -81,8 +81,14 @@ def top_tables(stacks: list[tuple[list[str], int]], n: int = 20) -> tuple[int, l
     for frames, count in stacks:
         if not frames:
             continue
-        self_fn[_key(frames[-1], False)] += count
-        self_line[_key(frames[-1], True)] += count
+        leaf = frames[-1]
+        if "(<string>" in leaf and len(frames) > 1:
+            # generated code (dataclass __init__): name it by who built the object
+            self_fn["dataclass __init__ ← " + _key(frames[-2], False)] += count
+            self_line["dataclass __init__ ← " + _key(frames[-2], True)] += count
+        else:
+            self_fn[_key(leaf, False)] += count
+            self_line[_key(leaf, True)] += count
         for f in {_key(f, False) for f in frames}:
             total_fn[f] += count
     # frames on (nearly) every stack (runpy, cli, trio's run loop) say nothing: leave them out
@@ -150,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     if brokers.can_pin():
         os.sched_setaffinity(0, {brokers.GENERATOR_CORE})
     reports = [profile(name, py_spy, args.rate, args.svg, args.quick, args.out) for name in args.scenarios.split(",")]
-    text = "\n".join(reports)
+    import run  # the commit stamp, as the runner records it
+    state = run.source_state()
+    stamp = f"meshd at {state['commit']}" + (f" + uncommitted edits in {', '.join(state['dirty'])}" if state["dirty"] else "")
+    text = f"Profiled {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {stamp}; py-spy {args.rate} Hz.\n\n" + "\n".join(reports)
     (args.out / "latest.md").write_text(text)
     print(text)
     return 0

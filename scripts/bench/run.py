@@ -36,6 +36,16 @@ from scenarios import SCENARIOS  # noqa: E402
 DEFAULT_BROKERS = ("meshd", "amqtt", "mosquitto")
 
 
+def source_state() -> dict[str, object]:
+    """The commit benchmarked and whether the broker's packages had uncommitted edits."""
+    import subprocess
+    repo = str(HERE.parents[1])
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True).stdout
+    dirty = git("status", "--porcelain", "--", "mesh", "routing", "session_store").splitlines()
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(), "dirty": [line[3:] for line in dirty if line]}
+
+
 def machine() -> dict[str, object]:
     return {
         "host": platform.node(),
@@ -75,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--brokers", default=",".join(DEFAULT_BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated; default all")
     parser.add_argument("--out", type=Path, help="JSON lines file to append to")
+    parser.add_argument("--source", default="HEAD",
+                        help="git revision of meshd to measure (exported to a temp dir), or 'worktree' "
+                             "for the files as they are now (default HEAD)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin broker and generator to cores")
     args = parser.parse_args(argv)
 
@@ -88,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or HERE / "results" / f"run-{stamp}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    work = Path(tempfile.mkdtemp(prefix="meshd-bench-"))
+    if args.source == "worktree":
+        source = source_state()
+    else:
+        source = {"commit": brokers.export_commit(args.source, work / "src"), "dirty": []}
     for name in names:
         brokers.BROKERS[name].ensure()
     brokers.raise_fd_limit()
@@ -98,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         "kind": "header", "ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "pinned": pin, "quick": args.quick, "reps": reps,
         "versions": {n: brokers.BROKERS[n].version() for n in names},
+        "source": source,
     }
     print(json.dumps(header), file=sys.stderr)
-    work = Path(tempfile.mkdtemp(prefix="meshd-bench-"))
     records = []
     started = time.monotonic()
     try:
@@ -121,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     m = header["machine"]
     summary = (f"{header['ts']} on {m['host']} ({m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, "
                f"Python {m['python']}); {versions}; {reps} rep(s){' quick' if args.quick else ''}; "
+               f"meshd at {header['source']['commit']}{' + uncommitted edits' if header['source']['dirty'] else ''}; "
                f"pinned={pin}; took {time.monotonic() - started:.0f} s\n\n{md}\n")
     out.with_suffix(".md").write_text(summary)
     print(summary)
