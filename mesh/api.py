@@ -36,6 +36,10 @@ def build_router(node: "Node") -> Router:
             "listeners": listeners,
         })
 
+    async def members(request: Request) -> Response:
+        return json_response({"node_id": node.node_id, "members": node.gossip.members()})
+
     router.add("GET", "/api/v1/status", status)
+    router.add("GET", "/api/v1/members", members)
     add_metrics_route(router, metrics)
     return router

@@ -33,6 +33,8 @@ from mesh.connection import ClientConnection
 from mesh.mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
+from gossip.service import GossipService
+from gossip.trace import NullTraceWriter, TraceWriter
 from session_store.rocks import RocksStore, StoreOpenError
 
 log = logging.getLogger("meshd.node")
@@ -71,6 +73,21 @@ class Node:
         self.store.on_dirty = lambda: self._store_dirty.set()
         self.broker.restore(self.store.load(), time.time())
         self.started_at = time.time()
+        self.trace: TraceWriter | NullTraceWriter = (
+            TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
+        )
+        self.gossip = GossipService(
+            node_id=self.node_id,
+            bind_host=settings.gossip.host,
+            bind_port=settings.gossip.port,
+            seeds=[(a.host, a.port) for a in settings.seed],
+            cluster_name=settings.cluster_name,
+            cluster_key=settings.cluster_key,
+            mdns=settings.mdns,
+            trace=self.trace,
+            preset=settings.gossip_preset,
+            advertise_host=settings.gossip_advertise,
+        )
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()
         self._timer_wake = trio.Event()
@@ -86,6 +103,7 @@ class Node:
         s = self.settings
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as services:
+                self.ports["gossip"] = await self._start_gossip(services, s.gossip)
                 if s.mqtt is not None:
                     listeners = await self._open_listeners("mqtt", s.mqtt)
                     self.ports["mqtt"] = listeners[0].socket.getsockname()[1]
@@ -105,7 +123,10 @@ class Node:
                 )
                 task_status.started(dict(self.ports))
                 await self._shutdown.wait()
-                log.info("shutting down: closing listeners")
+                log.info("shutting down: leaving the cluster, closing listeners")
+                if self._has_peers():
+                    with trio.move_on_after(min(2.0, s.shutdown_timeout)):
+                        await self.gossip.leave()
                 services.cancel_scope.cancel()
             clients = self.broker.client_count()
             self.broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
@@ -114,6 +135,7 @@ class Node:
         with trio.CancelScope(shield=True):
             await self._commit_pending()
         self.store.close()
+        self.trace.close()
         log.info("node %s stopped", self.node_id)
 
     async def _open_listeners(self, key: str, addr: HostPort) -> list[trio.SocketListener]:
@@ -169,6 +191,18 @@ class Node:
                 raise
             raise _bind_error("ws", addr, oserror) from exc
         return server.port
+
+    def _has_peers(self) -> bool:
+        return any(m["id"] != self.node_id and m["state"] in ("alive", "suspect") for m in self.gossip.members())
+
+    async def _start_gossip(self, services: trio.Nursery, addr: HostPort) -> int:
+        try:
+            return await services.start(self.gossip.run)
+        except BaseException as exc:
+            oserror = _first_oserror(exc)
+            if oserror is None:
+                raise
+            raise _bind_error("gossip", addr, oserror) from exc
 
     async def _start_http(self, services: trio.Nursery, addr: HostPort) -> int:
         from mesh.api import build_router

@@ -264,17 +264,28 @@ def run_cli(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProce
 class MeshdProcess:
     """`meshd` as a real child process on 127.0.0.1 (MQTT only unless told otherwise)."""
 
-    def __init__(self, data_dir: str, *extra: str, port: int | None = None) -> None:
+    def __init__(self, data_dir: str, *extra: str, port: int | None = None, http: bool = False,
+                 gossip_port: int | None = None, node_id: str | None = None) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.http_port = free_port() if http else None
+        self.gossip_port = gossip_port or 0
+        self.node_id = node_id
         self.extra = extra
         self.proc: subprocess.Popen | None = None
 
+    @property
+    def http_addr(self) -> str:
+        assert self.http_port is not None
+        return f"127.0.0.1:{self.http_port}"
+
     def start(self, timeout: float = 20.0) -> "MeshdProcess":
+        ident = ["--node-id", self.node_id] if self.node_id else []
         self.proc = subprocess.Popen(
-            meshd_command() + [
+            meshd_command() + ident + [
                 "--data-dir", self.data_dir, "--mqtt", f"127.0.0.1:{self.port}", "--ws", "off",
-                "--http", "off", "--gossip", "127.0.0.1:0", "--no-mdns", "--no-trace", *self.extra,
+                "--http", f"127.0.0.1:{self.http_port}" if self.http_port else "off",
+                "--gossip", f"127.0.0.1:{self.gossip_port}", "--no-mdns", "--no-trace", *self.extra,
             ],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
         )

@@ -1,0 +1,82 @@
+"""Real `meshd` processes on 127.0.0.1 joined by seeds: one view, kill -9, rejoin."""
+
+from __future__ import annotations
+
+import time
+
+from mesh.http_client import request_json
+from tests.support import MeshdProcess, free_port, run_cli
+
+FAST = ("--gossip-preset", "local")
+
+
+def view(node: MeshdProcess) -> dict[str, str]:
+    status, body = request_json(node.http_addr, "GET", "/api/v1/members")
+    assert status == 200
+    return {m["id"]: m["state"] for m in body["members"]}
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return
+        except OSError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {last}")
+
+
+def test_five_nodes_converge_kill9_dead_and_rejoin(tmp_path):
+    ports = [free_port() for _ in range(5)]
+    nodes = [
+        MeshdProcess(str(tmp_path / f"n{i}"), *FAST, "--seed", f"127.0.0.1:{ports[0]}", http=True,
+                     gossip_port=ports[i], node_id=f"n{i}")
+        for i in range(5)
+    ]
+    try:
+        for n in nodes:
+            n.start()
+        ids = {f"n{i}" for i in range(5)}
+        for n in nodes:
+            wait_for(lambda n=n: {k for k, v in view(n).items() if v == "alive"} == ids, what=f"{n.node_id} sees all alive")
+        # meshd members prints the same view as a table.
+        out = run_cli(["members", "--http", nodes[1].http_addr])
+        assert out.returncode == 0, out.stderr
+        assert all(f"n{i}" in out.stdout for i in range(5)) and "alive" in out.stdout
+
+        nodes[3].kill()
+        for n in nodes[:3] + nodes[4:]:
+            wait_for(lambda n=n: view(n).get("n3") == "dead", what=f"{n.node_id} marks n3 dead")
+        # Nobody else was declared dead meanwhile.
+        for n in nodes[:3] + nodes[4:]:
+            assert {k for k, v in view(n).items() if v == "alive"} == ids - {"n3"}
+
+        nodes[3] = MeshdProcess(str(tmp_path / "n3"), *FAST, "--seed", f"127.0.0.1:{ports[0]}", http=True,
+                                gossip_port=ports[3], node_id="n3", port=nodes[3].port).start()
+        for n in nodes:
+            wait_for(lambda n=n: view(n).get("n3") == "alive", what=f"{n.node_id} sees n3 back")
+    finally:
+        for n in nodes:
+            n.__exit__()
+
+
+def test_graceful_stop_is_a_leave_not_a_death(tmp_path):
+    ports = [free_port() for _ in range(3)]
+    nodes = [
+        MeshdProcess(str(tmp_path / f"n{i}"), *FAST, "--seed", f"127.0.0.1:{ports[0]}", http=True,
+                     gossip_port=ports[i], node_id=f"m{i}")
+        for i in range(3)
+    ]
+    try:
+        for n in nodes:
+            n.start()
+        wait_for(lambda: sum(v == "alive" for v in view(nodes[0]).values()) == 3, what="3 alive")
+        assert nodes[2].stop() == 0
+        wait_for(lambda: view(nodes[0]).get("m2") == "left", what="m2 left")
+    finally:
+        for n in nodes:
+            n.__exit__()
