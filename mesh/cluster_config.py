@@ -1,0 +1,92 @@
+"""Cluster-wide settings as last-writer-wins registers ordered by hybrid logical clocks.
+
+Pure: no I/O. A change made on any node (`set`) is validated there with the same
+parser as the node's own setting (so `meshd ctl config set max_inflight 0` is refused
+with the message `meshd --max-inflight 0` would give), stamped with the node's HLC and
+spread by gossip; every node merges registers by (HLC, node id) and applies the winner
+without a restart.  Merging is idempotent, commutative and associative, so any order
+of arrival converges to one value per key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from mesh.config import SETTINGS_BY_NAME, ConfigError
+from mesh.hlc import HlcTimestamp, HybridLogicalClock
+
+# Settings an operator may change cluster-wide at run time.
+CLUSTER_KEYS: tuple[str, ...] = (
+    "max_queued_messages",
+    "max_inflight",
+    "queue_qos0",
+    "retain_available",
+    "max_keepalive",
+    "topic_alias_maximum",
+    "log_level",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    key: str
+    value: Any
+    stamp: HlcTimestamp
+
+    @property
+    def origin(self) -> str:
+        return self.stamp.node
+
+    def to_wire(self) -> list:
+        return [self.key, self.value, self.stamp.to_wire()]
+
+    @classmethod
+    def from_wire(cls, data: object) -> "Register":
+        key, value, stamp = data  # type: ignore[misc]
+        if key not in CLUSTER_KEYS:
+            raise ValueError(f"unknown cluster setting {key!r}")
+        # Values from peers go through the same validation as local ones.
+        return cls(key, parse_value(key, value), HlcTimestamp.from_wire(stamp))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "origin": self.origin,
+                "hlc": {"wall_ms": self.stamp.wall_ms, "logical": self.stamp.logical}}
+
+
+def parse_value(key: str, raw: object) -> Any:
+    if key not in CLUSTER_KEYS:
+        allowed = ", ".join(CLUSTER_KEYS)
+        raise ConfigError(key, f"not a cluster setting (cluster settings: {allowed})")
+    return SETTINGS_BY_NAME[key].kind.parse(key, raw)
+
+
+class ClusterConfig:
+    def __init__(self, node_id: str) -> None:
+        self.clock = HybridLogicalClock(node_id)
+        self.registers: dict[str, Register] = {}
+
+    def set(self, key: str, raw: object, wall_ms: int) -> Register:
+        """A local change: validate, stamp, keep. Raises ConfigError naming the key."""
+        value = parse_value(key, raw)
+        register = Register(key, value, self.clock.now(wall_ms))
+        self.registers[key] = register
+        return register
+
+    def merge(self, register: Register, wall_ms: int) -> bool:
+        """Take a register from a peer; True if it won (the value changed hands)."""
+        self.clock.observe(register.stamp, wall_ms)
+        current = self.registers.get(register.key)
+        if current is not None and current.stamp >= register.stamp:
+            return False
+        self.registers[register.key] = register
+        return True
+
+    def merge_all(self, registers: Iterable[Register], wall_ms: int) -> list[Register]:
+        return [r for r in registers if self.merge(r, wall_ms)]
+
+    def get(self, key: str) -> Register | None:
+        return self.registers.get(key)
+
+    def values(self) -> dict[str, Any]:
+        return {k: r.value for k, r in self.registers.items()}
