@@ -15,7 +15,7 @@ import os
 import random
 import socket
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import trio
 
@@ -81,6 +81,7 @@ class GossipService:
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._inbound = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
+        self._stream_handlers: dict[str, Callable[[trio.abc.Stream, dict], Awaitable[None]]] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -107,6 +108,31 @@ class GossipService:
     def register_push_pull(self, name: str, get_local: Callable[[], object], merge_remote: Callable[[object], None]) -> None:
         """Ride push-pull anti-entropy: ``get_local()`` is sent, peers' state is merged."""
         self._push_pull[name] = (get_local, merge_remote)
+
+    def register_stream_handler(self, frame_type: str, handler: Callable[[trio.abc.Stream, dict], Awaitable[None]]) -> None:
+        """Hand inbound TCP streams on the gossip port whose first frame is of
+        ``frame_type`` to ``handler(stream, first_envelope)`` (the mesh links use this).
+        The handler owns the stream; frames on it use `seal_frame`/`open_frame`/`read_frame`."""
+        self._stream_handlers[frame_type] = handler
+
+    def seal_frame(self, body: bytes) -> bytes:
+        """Encrypt (with the cluster key, if any) and length-prefix one TCP frame body."""
+        return self._seal_frame(body)
+
+    def open_frame(self, body: bytes) -> bytes | None:
+        """Decrypt one TCP frame body; None (and counted) if it fails authentication."""
+        return self._open_frame(body)
+
+    def member_address(self, member_id: str) -> tuple[str, int] | None:
+        """The gossip address of a member, as this node knows it."""
+        if self.swim is None:
+            return None
+        member = self.swim.members.get(member_id)
+        return tuple(member.addr) if member is not None else None  # type: ignore[return-value]
+
+    def alive_members(self) -> list[str]:
+        """Ids of the other members currently alive or suspect (reachable as far as we know)."""
+        return [m["id"] for m in self.members() if m["id"] != self.node_id and m["state"] in ("alive", "suspect")]
 
     def join(self, addrs: Sequence[tuple[str, int]]) -> None:
         """Join through more addresses (mDNS discoveries, an operator's command)."""
@@ -343,16 +369,34 @@ class GossipService:
 
     async def _serve_stream(self, stream: trio.abc.Stream) -> None:
         assert self.swim is not None
-        async with self._inbound, stream:
-            with trio.move_on_after(PUSH_PULL_TIMEOUT):
+        handoff = None
+        async with self._inbound:
+            handoff = await self._serve_push_pull(stream)
+        if handoff is not None:
+            handler, envelope = handoff
+            async with stream:
+                await handler(stream, envelope)
+
+    async def _serve_push_pull(self, stream: trio.abc.Stream) -> tuple[Callable[[trio.abc.Stream, dict], Awaitable[None]], dict] | None:
+        """Answer one push-pull exchange, or return the registered handler that owns
+        this stream (the caller then runs it outside the push-pull limits)."""
+        assert self.swim is not None
+        handoff = None
+        with trio.move_on_after(PUSH_PULL_TIMEOUT):
+            try:
+                body = await _read_frame(stream)
+            except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
+                self.swim.stats.malformed += 1
+                body = None
+            opened = self._open_frame(body) if body is not None else None
+            if opened is not None and self._stream_handlers:
                 try:
-                    body = await _read_frame(stream)
-                except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
-                    self.swim.stats.malformed += 1
-                    return
-                opened = self._open_frame(body)
-                if opened is None:
-                    return
+                    envelope = wire.decode_frame_body(opened)
+                except wire.WireError:
+                    envelope = None
+                if envelope is not None and envelope["t"] in self._stream_handlers:
+                    handoff = self._stream_handlers[envelope["t"]], envelope
+            if opened is not None and handoff is None:
                 reply = self.swim.handle_stream(opened, trio.current_time())
                 await self._flush()
                 if reply is not None:
@@ -360,6 +404,10 @@ class GossipService:
                         await stream.send_all(self._seal_frame(reply))
                     except (OSError, trio.BrokenResourceError):
                         pass
+        if handoff is None:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+        return handoff
 
     async def _resolve(self, addrs: Sequence[tuple[str, int]]) -> list[Addr]:
         out: list[Addr] = []
