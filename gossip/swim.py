@@ -253,6 +253,7 @@ class Swim:
         self._user_seq += 1
         ts = self._ts(now)
         event_id = f"{self.id}:{ts}:{self._user_seq}"  # receivers rebuild it the same way
+        self._user_seen.pop((kind, key), None)
         self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
         data = wire.encode_part([wire.USER, kind, key, self.id, ts, self._user_seq, payload, 0])
         if len(data) + self._encoder.overhead > self.packet_limit:
@@ -370,6 +371,7 @@ class Swim:
         if not (isinstance(kind, str) and isinstance(key, str) and isinstance(origin, str)):
             raise TypeError("user broadcast with non-string kind/key/origin")
         ots, seq, hops = int(ots), int(seq), int(hops) + 1
+        self._user_seen.pop((kind, key), None)
         self._user_seen[(kind, key)] = (ots, seq, origin)
         self._queue.queue(("u", kind, key), wire.encode_part([wire.USER, kind, key, origin, ots, seq, payload, hops]))
         self._remember(kind, key, [kind, key, origin, ots, seq, payload, hops], now)
@@ -384,6 +386,16 @@ class Swim:
         recent[(kind, key)] = (now, entry)
         if len(recent) > self.config.broadcast_retain_count:
             del recent[next(iter(recent))]
+        seen = self._user_seen
+        if len(seen) > 4 * self.config.broadcast_retain_count:
+            # forget versions of keys nobody has updated for a long while (kept in
+            # arrival order; a key updated again moves to the end)
+            horizon = self._ts(now) - int(2 * self.config.broadcast_retain_time * 1_000_000)
+            while seen:
+                k = next(iter(seen))
+                if seen[k][0] >= horizon:
+                    break
+                del seen[k]
 
     def _recent_broadcasts(self, now: float) -> list[list]:
         recent = self._recent
@@ -397,7 +409,7 @@ class Swim:
 
     # ------------------------------------------------------------------ state changes
 
-    def _alive(self, node: str, inc: int, addr: Addr, origin: str, ots: int, hops: int, now: float, *, from_sync: bool = False) -> None:
+    def _alive(self, node: str, inc: int, addr: Addr, origin: str, ots: int, hops: int, now: float) -> None:
         if node == self.id:
             if inc > self.incarnation and not self.leaving:
                 # someone holds a newer alive about us than we made: out-rank it
@@ -473,8 +485,9 @@ class Swim:
 
     def _dead(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
         if node == self.id:
-            if by != node:
-                self._accused(inc, now)
+            # dead or "left" about us while we are not leaving (e.g. we restarted after
+            # a graceful stop): out-rank it
+            self._accused(inc, now)
             return
         m = self.members.get(node)
         if m is None or inc < m.incarnation or m.state in (DEAD, LEFT):

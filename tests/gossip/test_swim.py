@@ -502,3 +502,25 @@ def test_push_pull_hands_over_a_broadcast_the_epidemic_missed() -> None:
     c.pump()
     got = [e for e in c.events["c"] if isinstance(e, BroadcastReceived)]
     assert [(e.origin, e.payload) for e in got] == [("a", "v")]
+
+
+def test_restart_after_graceful_leave_is_alive_again_at_once() -> None:
+    names = ["a", "b", "c", "d"]
+    c = Cluster(names, CFG)
+    c.run_until(1.0)
+    c.nodes["d"].leave(c.now)
+    c.run_until(3.0)
+    assert all(c.state(n, "d") == LEFT for n in "abc")
+    c.down.add("d")
+    c.run_until(5.0)
+    d = c.add("d", seed=5)  # restarted, incarnation 0 again
+    d.join([addr_of("a")], c.now)
+    c.run_until(7.0)
+    assert all(c.state(n, "d") == ALIVE for n in "abc")
+    assert d.incarnation >= 1
+
+
+def test_being_declared_left_while_running_is_refuted() -> None:
+    sw = lone()
+    feed(sw, dead("a", 0, by="a"))
+    assert sw.incarnation == 1 and sw.members["a"].state == ALIVE
