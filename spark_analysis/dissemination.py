@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from .lifetimes import alive_at
 from .schema import DISSEMINATION_KINDS
-from .stats import Method, pct
+from .stats import Method, pct, sorted_array_pct
 
 US = 1_000_000.0
 
@@ -151,9 +151,18 @@ def infection_curve(arrays: DataFrame, points: int = 50) -> DataFrame:
 def per_node_lag(obs: DataFrame, method: Method) -> DataFrame:
     """Per observing node: observations of others' events and their delay p50/p99/max (s)."""
     d = obs.filter(F.col("node") != F.col("origin")).withColumn("delay_s", F.col("delay_us") / US)
-    return d.groupBy("node").agg(
-        F.count(F.lit(1)).alias("observations"),
-        pct("delay_s", 0.5, method).alias("lag_p50_s"),
-        pct("delay_s", 0.99, method).alias("lag_p99_s"),
-        F.max("delay_s").alias("lag_max_s"),
+    if not method.exact:
+        return d.groupBy("node").agg(
+            F.count(F.lit(1)).alias("observations"),
+            pct("delay_s", 0.5, method).alias("lag_p50_s"),
+            pct("delay_s", 0.99, method).alias("lag_p99_s"),
+            F.max("delay_s").alias("lag_max_s"),
+        )
+    per_node = d.groupBy("node").agg(F.sort_array(F.collect_list("delay_s")).alias("_d"))
+    return per_node.select(
+        "node",
+        F.size("_d").cast("long").alias("observations"),
+        sorted_array_pct("_d", 0.5).alias("lag_p50_s"),
+        sorted_array_pct("_d", 0.99).alias("lag_p99_s"),
+        F.element_at("_d", -1).alias("lag_max_s"),
     )

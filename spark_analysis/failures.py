@@ -29,14 +29,14 @@ def detection(traces: DataFrame, lifetimes: DataFrame, crashed: DataFrame) -> Da
     suspects = (
         traces.filter((F.col("kind") == "member_suspect") & (F.col("node") != F.col("subject")))
         .alias("s")
-        .join(c, (F.col("s.subject") == F.col("c.member")) & (F.col("s.ts_us") >= F.col("c.crash_ts_us")))
+        .join(F.broadcast(c), (F.col("s.subject") == F.col("c.member")) & (F.col("s.ts_us") >= F.col("c.crash_ts_us")))
         .groupBy("c.member")
         .agg(F.min("s.ts_us").alias("first_suspect_ts_us"))
     )
     deads = (
         traces.filter(F.col("kind") == "member_dead")
         .alias("d")
-        .join(c, (F.col("d.subject") == F.col("c.member")) & (F.col("d.ts_us") >= F.col("c.crash_ts_us")))
+        .join(F.broadcast(c), (F.col("d.subject") == F.col("c.member")) & (F.col("d.ts_us") >= F.col("c.crash_ts_us")))
         .groupBy(F.col("c.member").alias("member"), F.col("d.node").alias("observer"))
         .agg(F.min("d.ts_us").alias("dead_ts_us"))
     )
@@ -94,14 +94,16 @@ def false_positives(traces: DataFrame) -> DataFrame:
         )
     )
     own = traces.select(F.col("node").alias("member"), F.col("ts_us").alias("o_ts"), F.col("kind").alias("o_kind"))
+    # Declarations are few next to all records: ship them to the records.
+    decl = F.broadcast(declarations.select("event_id", "member", "ts_us"))
     after = (
-        declarations.join(own, "member")
+        own.join(decl, "member")
         .filter(F.col("o_ts") > F.col("ts_us"))
         .groupBy("event_id")
         .agg(F.min(F.struct("o_ts", "o_kind")).alias("next"))
     )
     lifecycle = (
-        declarations.join(own.filter(F.col("o_kind").isin("node_start", *END_KINDS)), "member")
+        own.filter(F.col("o_kind").isin("node_start", *END_KINDS)).join(decl, "member")
         .filter(F.col("o_ts") <= F.col("ts_us"))
         .groupBy("event_id")
         .agg(F.max(F.struct("o_ts", "o_kind")).alias("prev"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,10 +96,32 @@ def run_report(
     """Build the whole report for ``paths`` into directory ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # Local mode reads local JSON through pyarrow into a scratch folder that must
+    # outlive the cached frames (Spark may re-read evicted blocks).
+    scratch = None
+    if spark.sparkContext.master.startswith("local"):
+        scratch = tempfile.TemporaryDirectory(prefix="meshd-report-")
+    try:
+        return _run(spark, paths, out, formats, crash_grace_us, progress, exact_limit,
+                    Path(scratch.name) if scratch else None)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _run(
+    spark: SparkSession,
+    paths: list[str],
+    out: Path,
+    formats: tuple[str, ...],
+    crash_grace_us: int,
+    progress: Callable[[str], None],
+    exact_limit: int,
+    scratch: Path | None,
+) -> ReportResult:
     stages = _Stages(progress)
     written: list[Path] = []
-
-    loaded = stages.run("load traces", lambda: load_traces(spark, paths))
+    loaded = stages.run("load traces", lambda: load_traces(spark, paths, decode_dir=scratch))
     if loaded.bad_lines:
         progress(f"meshd report: skipped {loaded.bad_lines} bad line(s)")
     traces = loaded.traces
@@ -119,15 +142,14 @@ def run_report(
 
     life, obs, heads, facts = stages.run("node lifetimes and observations", basics)
 
-    def dissem() -> tuple[DataFrame, DataFrame, dict[str, Any], Method, Method]:
+    def dissem() -> tuple[DataFrame, DataFrame, dict[str, Any], Method]:
         arrays = dissemination.delay_arrays(obs, heads).cache()
         events = dissemination.event_table(arrays).cache()
         ev_method = choose_method(events, limit=exact_limit)
-        obs_method = choose_method(obs, limit=exact_limit)
-        dsum = summary.dissemination_summary(events, obs, ev_method, obs_method)
-        return arrays, events, dsum, ev_method, obs_method
+        dsum = summary.dissemination_summary(events, obs, ev_method)
+        return arrays, events, dsum, ev_method
 
-    arrays, events, dissem_summary, ev_method, obs_method = stages.run("dissemination", dissem)
+    arrays, events, dissem_summary, ev_method = stages.run("dissemination", dissem)
 
     def detect() -> tuple[DataFrame, DataFrame, dict[str, Any], dict[str, Any]]:
         crashed = lifetimes.crashes(life)
@@ -165,7 +187,7 @@ def run_report(
             "approx_accuracy": APPROX_ACCURACY,
             "coverage_times": {"method": "exact", "interpolation": "nearest-rank"},
             "events": ev_method.as_json(),
-            "observations": obs_method.as_json(),
+            "hops": {"method": "exact", "interpolation": "linear", "from": "histogram"},
             "per_node_lag": lag_method.as_json(),
         },
     }

@@ -2,7 +2,7 @@
 
 One lifetime per node: from its first record to its first ``node_stop`` /
 ``node_crash``. Simulator traces mark crashes with ``node_crash``; real nodes cannot,
-so when a trace set has no ``node_crash`` at all, a node whose lines stop without
+so when a trace set has no ``node_crash`` and no simulator (``sim``) records, a node whose lines stop without
 ``node_stop`` more than ``crash_grace_us`` before the end of the whole trace set is
 taken to have crashed at its last line (nodes still writing near the end were simply
 still running when the traces were collected).
@@ -32,7 +32,10 @@ def node_lifetimes(traces: DataFrame, crash_grace_us: int = DEFAULT_CRASH_GRACE_
     )
     overall = traces.agg(
         F.max("ts_us").alias("_trace_end"),
-        F.max((F.col("kind") == "node_crash").cast("int")).alias("_has_crash_records"),
+        # The simulator marks every crash; only real traces need crashes inferred.
+        F.max(
+            ((F.col("kind") == "node_crash") | F.coalesce(F.col("sim"), F.lit(False))).cast("int")
+        ).alias("_has_crash_records"),
     )
     inferred = (
         (F.col("_end_ts").isNull())

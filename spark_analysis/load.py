@@ -22,8 +22,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from .errors import NoTracesError, SchemaMismatchError
 from .schema import CORRUPT_COLUMN, REQUIRED_FIELDS, TRACE_SCHEMA
 
-# <node>.jsonl, rotated <node>.jsonl.3, compressed <node>.jsonl.gz / .jsonl.3.gz, .json.
-_JSON_NAME = re.compile(r".*\.jsonl?(\.\d+)?(\.gz)?$")
+# <node>.jsonl, rotated <node>.jsonl.3, compressed <node>.jsonl.gz / .jsonl.3.gz. Plain
+# .json is left alone in folders (summary.json sits beside simulator traces); a file
+# named on the command line is read whatever its name.
+_JSON_NAME = re.compile(r".*\.jsonl(\.\d+)?(\.gz)?$")
 _PARQUET_NAME = re.compile(r".*\.parquet$")
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -158,18 +160,30 @@ def _describe_mismatch(samples: list[str]) -> str | None:
     return "; ".join(dict.fromkeys(problems)) or None
 
 
-def load_traces(spark: SparkSession, paths: list[str]) -> Loaded:
+def load_traces(
+    spark: SparkSession, paths: list[str], *, decode_dir: Path | None = None
+) -> Loaded:
     """Read every trace file under ``paths``; skip and count lines that do not parse.
 
+    With ``decode_dir`` (local mode, a scratch folder that outlives the returned
+    frame), local JSON files are decoded by pyarrow first (see ``arrow_decode``).
     Raises NoTracesError when nothing usable is found and SchemaMismatchError when
     the lines are JSON (or Parquet) but not trace records.
     """
     inputs = resolve_inputs(paths)
+    json_paths, parquet_paths = inputs.json_paths, list(inputs.parquet_paths)
+    if decode_dir is not None and json_paths and not any(_URI.match(p) for p in json_paths):
+        from .arrow_decode import decode_to_parquet
+
+        decoded, json_paths = decode_to_parquet(json_paths, decode_dir)
+        parquet_paths += decoded
     frames = []
-    if inputs.json_paths:
-        frames.append(_read_json(spark, inputs.json_paths))
-    if inputs.parquet_paths:
-        frames.append(_read_parquet(spark, inputs.parquet_paths))
+    if json_paths:
+        frames.append(_read_json(spark, json_paths))
+    if parquet_paths:
+        frames.append(_read_parquet(spark, parquet_paths))
+    if not frames:  # every file decoded to nothing: all empty
+        raise NoTracesError(f"{', '.join(paths)}: trace files are empty")
     raw = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     bad = F.col(CORRUPT_COLUMN).isNotNull()
     for name in REQUIRED_FIELDS:

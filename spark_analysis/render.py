@@ -247,8 +247,8 @@ alive at that moment had observed the event (nearest rank).</p>
 <h2>Slowest nodes</h2>
 {img("per_node_lag.png", "per-node lag")}
 {_table(["node", "observations", "median delay", "p99 delay"], lag_rows, "no observations")}
-<p class=sub>Percentiles: events {html.escape(pct["events"]["method"])},
-observations {html.escape(pct["observations"]["method"])}
+<p class=sub>Percentiles: over events {html.escape(pct["events"]["method"])},
+per-node lag {html.escape(pct["per_node_lag"]["method"])}, hops exact
 (exact = linear interpolation; approx = percentile_approx, accuracy 10000).</p>
 </body></html>
 """

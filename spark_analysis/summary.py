@@ -23,7 +23,29 @@ def _num(value: Any, digits: int = 6) -> Any:
     return value
 
 
-def _dissemination_aggs(ev: Method, hops: Method) -> tuple[list, list]:
+def counts_percentile(counts: list[tuple[float, int]], p: float) -> float | None:
+    """Exact linear-interpolation percentile (as Spark's ``percentile``) from a
+    histogram of ``(value, count)``; used for hop counts, which are small integers."""
+    pairs = sorted((v, n) for v, n in counts if v is not None and n > 0)
+    total = sum(n for _, n in pairs)
+    if total == 0:
+        return None
+    pos = p * (total - 1)
+    lo_i, frac = int(math.floor(pos)), pos - math.floor(pos)
+
+    def value_at(i: int) -> float:
+        seen = 0
+        for v, n in pairs:
+            seen += n
+            if i < seen:
+                return float(v)
+        return float(pairs[-1][0])
+
+    lo = value_at(lo_i)
+    return lo if frac == 0 else lo + frac * (value_at(lo_i + 1) - lo)
+
+
+def _dissemination_aggs(ev: Method) -> list:
     full_t100 = F.when(F.col("full_coverage"), F.col("t100_s"))
     event_aggs = [
         F.count(F.lit(1)).alias("events"),
@@ -36,8 +58,7 @@ def _dissemination_aggs(ev: Method, hops: Method) -> tuple[list, list]:
         pct(full_t100, 0.99, ev).alias("t100_p99"),
         F.max(full_t100).alias("t100_max"),
     ]
-    hop_aggs = [pct("hops", 0.5, hops).alias("hops_p50"), pct("hops", 0.99, hops).alias("hops_p99")]
-    return event_aggs, hop_aggs
+    return event_aggs
 
 
 def _shape(row: dict[str, Any]) -> dict[str, Any]:
@@ -52,14 +73,23 @@ def _shape(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def dissemination_summary(events: DataFrame, obs: DataFrame, ev: Method, hops: Method) -> dict[str, Any]:
-    """Overall and ``by_kind`` dissemination numbers (see the issue's summary shape)."""
-    event_aggs, hop_aggs = _dissemination_aggs(ev, hops)
+def dissemination_summary(events: DataFrame, obs: DataFrame, ev: Method) -> dict[str, Any]:
+    """Overall and ``by_kind`` dissemination numbers (see the issue's summary shape).
+
+    Hop percentiles are exact at any size: hops are small integers, so a histogram
+    per kind (a few dozen rows) is collected and interpolated here."""
+    event_aggs = _dissemination_aggs(ev)
     overall = events.agg(*event_aggs).first().asDict()
-    overall.update(obs.agg(*hop_aggs).first().asDict())
     by_kind_rows = {r["kind"]: r.asDict() for r in events.groupBy("kind").agg(*event_aggs).collect()}
-    for r in obs.groupBy("kind").agg(*hop_aggs).collect():
-        by_kind_rows.setdefault(r["kind"], {"kind": r["kind"]}).update(r.asDict())
+    hist: dict[str, list[tuple[float, int]]] = {}
+    for r in obs.groupBy("kind", "hops").count().collect():
+        hist.setdefault(r["kind"], []).append((r["hops"], r["count"]))
+    everything = [pair for pairs in hist.values() for pair in pairs]
+    for target, pairs in [(overall, everything)] + [
+        (by_kind_rows.setdefault(k, {"kind": k}), v) for k, v in hist.items()
+    ]:
+        target["hops_p50"] = counts_percentile(pairs, 0.5)
+        target["hops_p99"] = counts_percentile(pairs, 0.99)
     result = _shape(overall)
     result["by_kind"] = {k: _shape(v) for k, v in sorted(by_kind_rows.items())}
     return result

@@ -35,7 +35,7 @@ def test_folder_without_trace_files_is_a_clear_error(tmp_path):
 
 
 def test_directories_find_live_rotated_gzip_and_parquet_files(tmp_path):
-    for name in ("a.jsonl", "a.jsonl.1", "a.jsonl.12", "b.jsonl.gz", "c.parquet", "README"):
+    for name in ("a.jsonl", "a.jsonl.1", "a.jsonl.12", "b.jsonl.gz", "c.parquet", "README", "summary.json"):
         (tmp_path / name).write_text("")
     inputs = resolve_inputs([str(tmp_path)])
     assert sorted(p.rsplit("/", 1)[1] for p in inputs.json_paths) == [
@@ -55,9 +55,11 @@ def test_bad_lines_are_counted_and_skipped_gzip_included(spark, tmp_path):
     with gzip.open(tmp_path / "n1.jsonl.gz", "wt") as f:
         f.write("\n".join(good[:2] + bad[:2]) + "\n")
     (tmp_path / "n1.jsonl").write_text("\n".join(bad[2:] + good[2:]) + "\n")
-    loaded = load_traces(spark, [str(tmp_path)])
-    assert (loaded.rows, loaded.bad_lines) == (3, 4)
-    assert sorted(r["event_id"] for r in loaded.traces.collect()) == ["e0", "e1", "e2"]
+    (tmp_path / "clean.jsonl").write_text(_line(3) + "\n")
+    # decode_dir: clean.jsonl goes through pyarrow, the files with bad lines through Spark.
+    loaded = load_traces(spark, [str(tmp_path)], decode_dir=tmp_path / "scratch")
+    assert (loaded.rows, loaded.bad_lines) == (4, 4)
+    assert sorted(r["event_id"] for r in loaded.traces.collect()) == ["e0", "e1", "e2", "e3"]
 
 
 def test_json_that_is_not_traces_is_a_schema_mismatch(spark, tmp_path):

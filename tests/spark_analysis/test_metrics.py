@@ -9,7 +9,7 @@ from gossip.trace import trace_record
 from spark_analysis import dissemination, failures, lifetimes, partitions
 from spark_analysis.load import load_traces
 from spark_analysis.stats import Method, choose_method, pct
-from spark_analysis.summary import dissemination_summary
+from spark_analysis.summary import counts_percentile, dissemination_summary
 
 from .conftest import write_traces
 
@@ -63,7 +63,7 @@ def test_event_table_coverage_times(spark, frames):
 
 def test_dissemination_summary_medians_and_hops(spark, frames):
     events = dissemination.event_table(dissemination.delay_arrays(frames["obs"], frames["heads"]))
-    s = dissemination_summary(events, frames["obs"], EXACT, EXACT)
+    s = dissemination_summary(events, frames["obs"], EXACT)
     assert s["events"] == 8 and s["full_coverage_ratio"] == 0.625
     # t50 over 7 events .2 .2 .3 .5 .5 .5 1; t90/t99 over .4 .9 1 2 2.
     assert (s["t50_s_median"], s["t90_s_median"], s["t99_s_median"]) == (0.5, 1.0, 1.0)
@@ -142,3 +142,12 @@ def test_percentiles_switch_to_approx_above_the_limit(spark):
     row = df.agg(pct("v", 0.5, exact).alias("e"), pct("v", 0.5, approx).alias("a")).first()
     assert row["e"] == 5.5  # linear interpolation between 5 and 6
     assert row["a"] == 5.0  # percentile_approx returns a value of the data
+
+
+def test_counts_percentile_matches_linear_interpolation():
+    # 0 x8, 1 x13, 2 x1 (the scenario's hops): same as numpy.percentile(..., "linear").
+    hist = [(1, 13), (0, 8), (2, 1)]
+    assert counts_percentile(hist, 0.5) == 1.0
+    assert counts_percentile(hist, 0.99) == pytest.approx(1.79)
+    assert counts_percentile([(5, 1)], 0.99) == 5.0
+    assert counts_percentile([], 0.5) is None

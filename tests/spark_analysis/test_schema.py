@@ -57,3 +57,9 @@ def test_rotated_writer_output_reads_back_with_the_schema(spark, tmp_path):
     loaded = load_traces(spark, [str(tmp_path)])
     assert (loaded.rows, loaded.bad_lines, loaded.files) == (40, 0, len(files))
     assertDataFrameEqual(loaded.traces, expected)
+
+    # The local fast path (pyarrow decodes, Spark reads Parquet) gives the same rows.
+    fast = load_traces(spark, [str(tmp_path)], decode_dir=tmp_path.parent / "decoded")
+    assert (fast.rows, fast.bad_lines) == (40, 0)
+    assert list((tmp_path.parent / "decoded").glob("*.parquet"))
+    assertDataFrameEqual(fast.traces, expected)
