@@ -32,6 +32,15 @@ from routing.trie import TopicTrie
 MAX_PARKED = 10_000
 
 
+def split_shared(topic_filter: str) -> tuple[str | None, str]:
+    """`$share/group/filter` -> (group, filter); anything else -> (None, filter).
+    Route filters were validated by the codec on the node that subscribed."""
+    if topic_filter.startswith("$share/"):
+        _, group, real_filter = topic_filter.split("/", 2)
+        return group, real_filter
+    return None, topic_filter
+
+
 def filter_hash(topic_filter: str) -> int:
     return int.from_bytes(hashlib.blake2b(topic_filter.encode("utf-8"), digest_size=8).digest(), "big")
 
@@ -114,7 +123,9 @@ class RouteTable:
         self.node_id = node_id
         self.local = _OriginState(epoch)
         self.remote: dict[str, _OriginState] = {}
-        self.trie: TopicTrie[str] = TopicTrie()  # remote routes only: filter -> nodes
+        self.trie: TopicTrie[str] = TopicTrie()  # remote plain routes: filter -> nodes
+        # remote shared routes ($share/group/filter): real filter -> (group, node)
+        self.shared_trie: TopicTrie[tuple[str, str]] = TopicTrie()
         self.wanted: set[str] = set()  # origins with a gap: need a snapshot
         self.dropped_parked = 0
 
@@ -222,10 +233,16 @@ class RouteTable:
         return [self._trie_change(f, origin, False) for f in state.filters]
 
     def _trie_change(self, topic_filter: str, origin: str, present: bool) -> Change:
-        if present:
-            self.trie.add(topic_filter, origin)
+        group, real_filter = split_shared(topic_filter)
+        if group is None:
+            if present:
+                self.trie.add(topic_filter, origin)
+            else:
+                self.trie.remove(topic_filter, origin)
+        elif present:
+            self.shared_trie.add(real_filter, (group, origin))
         else:
-            self.trie.remove(topic_filter, origin)
+            self.shared_trie.remove(real_filter, (group, origin))
         return (topic_filter, origin, present)
 
     # ------------------------------------------------------------ anti-entropy
@@ -259,6 +276,14 @@ class RouteTable:
         for _, origins in self.trie.match_filters(topic):
             nodes.update(origins)
         return nodes
+
+    def match_shared(self, topic: str) -> dict[tuple[str, str], set[str]]:
+        """(group, real filter) -> remote nodes with members of that shared subscription."""
+        out: dict[tuple[str, str], set[str]] = {}
+        for real_filter, pairs in self.shared_trie.match_filters(topic):
+            for group, origin in pairs:
+                out.setdefault((group, real_filter), set()).add(origin)
+        return out
 
     def routes(self) -> dict[str, set[str]]:
         """filter -> nodes, this node included: the whole cluster table."""

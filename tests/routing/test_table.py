@@ -51,7 +51,11 @@ def test_shuffled_duplicated_lossy_deltas_converge_after_anti_entropy(ops_a, ops
     assert {f: n for f, n in replica.routes().items()} == expected
     # The remote trie agrees with the table.
     for f, nodes in expected.items():
-        assert replica.trie.values(f) == nodes
+        if f.startswith("$share/"):
+            _, group, real = f.split("/", 2)
+            assert replica.shared_trie.values(real) == {(group, n) for n in nodes}
+        else:
+            assert replica.trie.values(f) == nodes
 
 
 @settings(max_examples=100, deadline=None)
@@ -140,3 +144,16 @@ def test_large_table_snapshot():
     assert r.route_count() == 100_000
     assert r.match_nodes("dev/99999/cmd") == {"A"}
     assert d.last_version == 100_000
+
+
+def test_shared_routes_match_by_group():
+    a = RouteTable("A", 1)
+    b = RouteTable("B", 1)
+    r = RouteTable("R", 1)
+    r.apply_delta(a.add_local("$share/g/jobs/+"))
+    r.apply_delta(b.add_local("$share/g/jobs/+"))
+    r.apply_delta(b.add_local("$share/h/jobs/#"))
+    assert r.match_nodes("jobs/1") == set()  # shared routes are not plain routes
+    assert r.match_shared("jobs/1") == {("g", "jobs/+"): {"A", "B"}, ("h", "jobs/#"): {"B"}}
+    r.drop_origin("B")
+    assert r.match_shared("jobs/1") == {("g", "jobs/+"): {"A"}}
