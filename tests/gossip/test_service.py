@@ -155,3 +155,30 @@ async def test_malformed_datagrams_are_counted_not_fatal() -> None:
             assert await stream.receive_some(10) == b""
         assert view(a.svc) == {"m0": "alive"}
         nursery.cancel_scope.cancel()
+
+
+async def test_registered_stream_handler_owns_streams_of_its_frame_type() -> None:
+    from gossip import wire
+
+    seen: list[dict] = []
+
+    async def handler(stream: trio.abc.Stream, envelope: dict) -> None:
+        seen.append(envelope)
+        await stream.send_all(svc.seal_frame(wire.encode_frame_body("link_ok", "k0", {"n": envelope["n"] + 1})))
+
+    svc = make("k0", [], cluster_key=KEY_A)
+    svc.register_stream_handler("link_hello", handler)
+    async with trio.open_nursery() as nursery:
+        node = await Node(nursery, svc).start()
+        stream = await trio.open_tcp_stream("127.0.0.1", node.port)
+        async with stream:
+            await stream.send_all(svc.seal_frame(wire.encode_frame_body("link_hello", "x", {"n": 1})))
+            header = await stream.receive_some(4)
+            body = b""
+            while len(body) < wire.frame_length(header):
+                body += await stream.receive_some(65536)
+        opened = svc.open_frame(body)
+        assert opened is not None and wire.decode_frame_body(opened)["n"] == 2
+        assert seen and seen[0]["t"] == "link_hello"
+        assert svc.member_address("k0") == ("127.0.0.1", node.port)
+        nursery.cancel_scope.cancel()
