@@ -245,19 +245,23 @@ class Swim:
 
     @property
     def leave_sent(self) -> bool:
-        """The leave broadcast finished its retransmissions (or was sent and replaced)."""
-        return self.leaving and ("m", self.id) not in self._queue
+        """The leave broadcast finished its retransmissions, or nobody is left to tell."""
+        if not self.leaving:
+            return False
+        if ("m", self.id) not in self._queue:
+            return True
+        return not any(m.state in (ALIVE, SUSPECT) for m in self._iter_others())
 
     def broadcast(self, kind: str, key: str, payload: object, now: float) -> str:
         """Disseminate a user message; a newer one with the same (kind, key) wins."""
         self._user_seq += 1
         ts = self._ts(now)
         event_id = f"{self.id}:{ts}:{self._user_seq}"  # receivers rebuild it the same way
-        self._user_seen.pop((kind, key), None)
-        self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
         data = wire.encode_part([wire.USER, kind, key, self.id, ts, self._user_seq, payload, 0])
         if len(data) + self._encoder.overhead > self.packet_limit:
             raise ValueError(f"broadcast of {len(data)} bytes does not fit one packet")
+        self._user_seen.pop((kind, key), None)
+        self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
         self._queue.queue(("u", kind, key), data)
         self._remember(kind, key, [kind, key, self.id, ts, self._user_seq, payload, 0], now)
         self._events.append(BroadcastReceived(ts, kind, key, self.id, ts, event_id, 0, payload, True))

@@ -524,3 +524,10 @@ def test_being_declared_left_while_running_is_refuted() -> None:
     sw = lone()
     feed(sw, dead("a", 0, by="a"))
     assert sw.incarnation == 1 and sw.members["a"].state == ALIVE
+
+
+def test_leave_of_a_lone_node_is_done_at_once() -> None:
+    sw = Swim("solo", addr_of("solo"), now=0.0, rng=random.Random(1), config=CFG)
+    assert not sw.leave_sent
+    sw.leave(1.0)
+    assert sw.leave_sent and sw.members["solo"].state == LEFT
