@@ -531,3 +531,36 @@ def test_leave_of_a_lone_node_is_done_at_once() -> None:
     assert not sw.leave_sent
     sw.leave(1.0)
     assert sw.leave_sent and sw.members["solo"].state == LEFT
+
+
+def _model(state: str, inc: int, msg: list) -> tuple[str, int]:
+    """The precedence rules, written out once more as a fold."""
+    kind, i = msg[0], msg[2]
+    if kind == "alive":
+        return (ALIVE, i) if i > inc else (state, inc)
+    if kind == "suspect":
+        return (SUSPECT, i) if state == ALIVE and i >= inc else (state, inc)
+    if state in (DEAD, LEFT) or i < inc:
+        return state, inc
+    return (LEFT if msg[3] == "b" else DEAD), i
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 6).map(lambda i: alive("b", i)),
+            st.integers(0, 6).map(lambda i: suspect("b", i)),
+            st.tuples(st.integers(0, 6), st.sampled_from(["c", "b"])).map(lambda t: dead("b", t[0], by=t[1])),
+        ),
+        max_size=12,
+    )
+)
+def test_precedence_matches_the_model_for_any_message_sequence(msgs: list[list]) -> None:
+    sw = lone()
+    state, inc = ALIVE, 0
+    for k, msg in enumerate(msgs):
+        feed(sw, msg, now=0.1 + k * 0.001)  # no timer fires in between
+        state, inc = _model(state, inc, msg)
+        m = sw.members["b"]
+        assert (m.state, m.incarnation) == (state, inc)
