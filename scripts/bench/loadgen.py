@@ -390,7 +390,7 @@ def _send_all(sock: socket.socket, data: bytes) -> None:
         try:
             n = sock.send(view)
         except BlockingIOError:
-            selectors.DefaultSelector().select(0.001)
+            time.sleep(0.0005)
             continue
         view = view[n:]
 
