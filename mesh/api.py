@@ -39,6 +39,10 @@ def build_router(node: "Node") -> Router:
     async def members(request: Request) -> Response:
         return json_response({"node_id": node.node_id, "members": node.gossip.members()})
 
+    async def routes(request: Request) -> Response:
+        return json_response({"node_id": node.node_id, "routes": node.cluster.routes()})
+
+    router.add("GET", "/api/v1/routes", routes)
     router.add("GET", "/api/v1/status", status)
     router.add("GET", "/api/v1/members", members)
     add_metrics_route(router, metrics)

@@ -105,6 +105,9 @@ class Broker:
         self._msg_ids = itertools.count(1)
         # Set by the node: called when an earlier timer deadline appears.
         self.on_timer_change: Callable[[], None] = lambda: None
+        # The mesh (routing.cluster.Cluster) when this node is part of one.
+        self.cluster: Any = None
+        self._durable_callbacks: list[tuple[int, Callable[[], None]]] = []
 
     # ------------------------------------------------------------------ connect
 
@@ -271,13 +274,7 @@ class Broker:
         session.subscriptions[sub.topic_filter] = options
         if session.persistent:
             self.store.put_subscription(session.client_id, sub.topic_filter, options)
-        if group is None:
-            self.subscriptions.add(real_filter, session.client_id)
-        else:
-            members = self.shared_members.setdefault((group, real_filter), [])
-            if session.client_id not in members:
-                members.append(session.client_id)
-            self.shared.add(real_filter, group)
+        self._index_subscription(session.client_id, group, real_filter)
         retained: list[Delivery] = []
         # MQTT-3.3.1-9..11: retain handling; shared subscriptions get no retained messages.
         if group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)):
@@ -300,7 +297,8 @@ class Broker:
             self.store.delete_subscription(session.client_id, topic_filter)
         group, real_filter = parse_shared_subscription(topic_filter)
         if group is None:
-            self.subscriptions.remove(real_filter, session.client_id)
+            if self.subscriptions.remove(real_filter, session.client_id) and not self.subscriptions.has_filter(real_filter):
+                self._route_changed(real_filter, False)
             return
         key = (group, real_filter)
         members = self.shared_members.get(key)
@@ -310,6 +308,32 @@ class Broker:
             self.shared_members.pop(key, None)
             self._shared_next.pop(key, None)
             self.shared.remove(real_filter, group)
+            self._route_changed(topic_filter, False)
+
+    def _index_subscription(self, client_id: str, group: str | None, real_filter: str) -> None:
+        """Put a subscription into the local tries; announce a route for a filter's
+        first local subscriber (shared ones route as `$share/group/filter`)."""
+        if group is None:
+            first = not self.subscriptions.has_filter(real_filter)
+            if self.subscriptions.add(real_filter, client_id) and first:
+                self._route_changed(real_filter, True)
+            return
+        members = self.shared_members.setdefault((group, real_filter), [])
+        if client_id not in members:
+            members.append(client_id)
+            if len(members) == 1:
+                self.shared.add(real_filter, group)
+                self._route_changed(f"$share/{group}/{real_filter}", True)
+
+    def _route_changed(self, route_filter: str, present: bool) -> None:
+        if self.cluster is not None:
+            self.cluster.route_changed(route_filter, present)
+
+    def local_route_filters(self) -> list[str]:
+        """Every filter this node has local subscribers for (its own route entries)."""
+        out = list(self.subscriptions.filters())
+        out.extend(f"$share/{g}/{f}" for g, f in self.shared_members)
+        return out
 
     # ------------------------------------------------------------------ publish
 
@@ -322,27 +346,58 @@ class Broker:
                 properties = replace(properties, **_PER_HOP)
         return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids))
 
-    def publish(self, msg: Message, now: float, *, internal: bool = False) -> int:
-        """Route one message to every matching session; return how many got it.
-        `internal` messages ($SYS) are not counted as received."""
+    def publish(self, msg: Message, now: float, *, internal: bool = False, gate: Any = None) -> int:
+        """Route a message published by a local client (or the node itself) to every
+        matching session here and once to every other node with a matching route;
+        return how many sessions here got it. `internal` messages ($SYS) are not
+        counted, not stored and not forwarded. `gate` collects what the publisher's
+        acknowledgement must wait for (remote nodes' acks)."""
         if not internal:
             self.stats.messages_in[msg.qos] += 1
         if msg.retain:
-            if not msg.payload:
-                if self.retained.delete(msg.topic) and not internal:
-                    self.store.delete_retained(msg.topic)
-            else:
-                self.retained.set(msg.topic, msg)
-                self.stats.retained_set += 1
-                if not internal:
-                    self.store.put_retained(msg)
-        return self._route(msg, now)
+            self._set_retained(msg, persist=not internal)
+        cluster = self.cluster
+        if cluster is None or internal:
+            return self._route(msg, now, plain=True, only_groups=None, remote=None)
+        remote: dict[str, list] = {node: [True, [], False] for node in cluster.plain_nodes(msg.topic)}
+        if msg.retain:
+            # Retained messages are replicated: every node keeps the latest one.
+            for node in cluster.retained_targets():
+                remote.setdefault(node, [False, [], False])[2] = True
+        matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
+        cluster.forward(msg, remote, gate)
+        return matched + len(remote)
 
-    def _route(self, msg: Message, now: float) -> int:
+    def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool) -> int:
+        """A message another node forwarded here: deliver to local sessions only
+        (plain subscribers if `plain`, one member of each listed shared group)."""
+        if keep_retained:
+            self._set_retained(msg, persist=True)
+        if not plain and not groups:
+            return 0
+        return self._route(msg, now, plain=plain, only_groups=groups, remote=None)
+
+    def keep_retained(self, msg: Message) -> None:
+        self._set_retained(msg, persist=True)
+
+    def _set_retained(self, msg: Message, *, persist: bool) -> None:
+        if not msg.payload:
+            if self.retained.delete(msg.topic) and persist:
+                self.store.delete_retained(msg.topic)
+        else:
+            self.retained.set(msg.topic, msg)
+            self.stats.retained_set += 1
+            if persist:
+                self.store.put_retained(msg)
+
+    def _route(self, msg: Message, now: float, *, plain: bool, only_groups: list[tuple[str, str]] | None,
+               remote: dict[str, list] | None) -> int:
+        """Deliver to sessions here: plain subscribers (if `plain`) and one member per
+        shared group this node serves (see `_shared_keys`)."""
         topic = msg.topic
-        matches = self.subscriptions.match_filters(topic)
-        shared = self.shared.match_filters(topic) if len(self.shared) else ()
-        if not matches and not shared:
+        matches = self.subscriptions.match_filters(topic) if plain else ()
+        shared_keys = self._shared_keys(topic, only_groups, remote)
+        if not matches and not shared_keys:
             return 0
         sessions = self.sessions
         cache: dict[Any, bytes] = {}
@@ -355,16 +410,40 @@ class Broker:
                 if options.no_local and client_id == msg.publisher:
                     continue
                 self._merge_target(targets, session, options, msg)
-        for real_filter, groups in shared:
-            for group in groups:
-                session = self._pick_shared(group, real_filter)
-                if session is None:
-                    continue
-                options = session.subscriptions[f"$share/{group}/{real_filter}"]
-                self._merge_target(targets, session, options, msg)
+        for group, real_filter in shared_keys:
+            session = self._pick_shared(group, real_filter)
+            if session is None:
+                continue
+            options = session.subscriptions[f"$share/{group}/{real_filter}"]
+            self._merge_target(targets, session, options, msg)
         for session, qos, retain, sub_ids in targets.values():
             self.deliver(session, Delivery(msg, qos, retain, tuple(sub_ids)), now, cache)
         return len(targets)
+
+    def _shared_keys(self, topic: str, only_groups: list[tuple[str, str]] | None, remote: dict[str, list] | None) -> list[tuple[str, str]]:
+        """The shared groups this node serves for one message.
+
+        A forwarded message names them (`only_groups`). For a local publish in a
+        cluster, each matching group gets exactly one node, round-robin over the nodes
+        with members (this one included); the groups given to other nodes are added
+        to their forward targets."""
+        if only_groups is not None:
+            return only_groups
+        local = [(g, f) for f, groups in self.shared.match_filters(topic) for g in groups] if len(self.shared) else []
+        if remote is None or self.cluster is None:
+            return local
+        elsewhere = self.cluster.shared_nodes(topic)
+        if not elsewhere:
+            return local
+        mine: list[tuple[str, str]] = []
+        for key in set(local) | elsewhere.keys():
+            candidates = sorted(elsewhere.get(key, set()) | ({self.node_id} if key in local else set()))
+            choice = self.cluster.pick_shared_node(key, candidates)
+            if choice == self.node_id:
+                mine.append(key)
+            else:
+                remote.setdefault(choice, [False, [], False])[1].append(list(key))
+        return mine
 
     @staticmethod
     def _merge_target(targets: dict[str, list[Any]], session: Session, options: SubscriptionOptions, msg: Message) -> None:
@@ -498,11 +577,25 @@ class Broker:
             self.store.put_qos2_in(cid, pid)
 
     def on_durable(self) -> None:
-        """The store committed a batch: release acknowledgements that waited for it."""
+        """The store committed a batch (or a remote node acknowledged a forward):
+        release the acknowledgements that waited for it."""
         durable = self.store.durable_epoch
         for conn in list(self.ack_waiters):
             if conn.release_acks(durable):
                 self.ack_waiters.discard(conn)
+        if self._durable_callbacks and self._durable_callbacks[0][0] <= durable:
+            ready = [cb for epoch, cb in self._durable_callbacks if epoch <= durable]
+            self._durable_callbacks = [(e, cb) for e, cb in self._durable_callbacks if e > durable]
+            for cb in ready:
+                cb()
+
+    def when_durable(self, epoch: int, callback: Callable[[], None]) -> None:
+        """Call `callback` once every store change up to `epoch` is committed."""
+        if epoch <= self.store.durable_epoch:
+            callback()
+        else:
+            self._durable_callbacks.append((epoch, callback))
+            self._durable_callbacks.sort(key=lambda entry: entry[0])
 
     # ------------------------------------------------------------------ restart
 
@@ -527,13 +620,7 @@ class Broker:
             self.sessions[cid] = session
             for topic_filter, options in stored.subscriptions.items():
                 session.subscriptions[topic_filter] = options
-                group, real_filter = parse_shared_subscription(topic_filter)
-                if group is None:
-                    self.subscriptions.add(real_filter, cid)
-                else:
-                    members = self.shared_members.setdefault((group, real_filter), [])
-                    members.append(cid)
-                    self.shared.add(real_filter, group)
+                self._index_subscription(cid, *parse_shared_subscription(topic_filter))
             for pid, delivery, st in stored.inflight:
                 session.inflight[pid] = InflightEntry(delivery, st)
                 ids.append(delivery.message.msg_id)

@@ -46,6 +46,7 @@ from mesh.mqtt import (
     encode,
     patch_publish,
 )
+from routing.links import AckGate
 from session_store.model import Delivery, Session
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class ClientConnection:
         self._outbox_bytes = 0
         self._wake = trio.Event()
         self._reader_scope: trio.CancelScope | None = None
-        self._pending_acks: deque[tuple[int, Any]] = deque()
+        self._pending_acks: deque[tuple[int, AckGate | None, Any]] = deque()
 
     # ---------------------------------------------------------------- output
 
@@ -495,7 +496,9 @@ class ClientConnection:
         store = broker.store
         epoch_before = store.write_epoch
         msg = broker.make_message(topic, p.payload, qos, p.retain, props, self.client_id, now)
-        matched = broker.publish(msg, now)
+        # In a cluster the ack also waits for the nodes the message was forwarded to.
+        gate = AckGate() if qos and broker.cluster is not None else None
+        matched = broker.publish(msg, now, gate=gate)
         if qos == 0:
             return
         rc = ReasonCode.SUCCESS if matched or self.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
@@ -504,26 +507,31 @@ class ClientConnection:
         else:
             broker.qos2_received(session, p.packet_id)
             ack = Pubrec(packet_id=p.packet_id, reason_code=rc)
-        self._send_ack(ack, epoch_before)
+        self._send_ack(ack, epoch_before, gate if gate is not None and gate.waiting else None)
 
-    def _send_ack(self, ack: Any, epoch_before: int) -> None:
+    def _send_ack(self, ack: Any, epoch_before: int, gate: AckGate | None = None) -> None:
         """Principle 6: acknowledge only once what the acknowledged packet wrote to the
         store is synced (in `sync` durability). Acks leave in the order of the packets
         they answer (MQTT-4.6.0-2), so once one waits, later ones queue behind it."""
         broker = self.broker
         store = broker.store
         wait_for = store.write_epoch if broker.acks_wait_for_sync and store.write_epoch != epoch_before else 0
-        if self._pending_acks or wait_for > store.durable_epoch:
-            self._pending_acks.append((wait_for, ack))
+        if self._pending_acks or wait_for > store.durable_epoch or gate is not None:
+            self._pending_acks.append((wait_for, gate, ack))
             broker.ack_waiters.add(self)
         else:
             self.send(ack)
 
     def release_acks(self, durable_epoch: int) -> bool:
-        """Send the acks whose writes are now durable; True when none are left."""
+        """Send the acks that no longer wait (durable here, acknowledged by the nodes
+        they were forwarded to); True when none are left."""
         pending = self._pending_acks
-        while pending and pending[0][0] <= durable_epoch:
-            self.send(pending.popleft()[1])
+        while pending:
+            epoch, gate, ack = pending[0]
+            if epoch > durable_epoch or (gate is not None and gate.waiting > 0):
+                break
+            pending.popleft()
+            self.send(ack)
         return not pending
 
     def _on_pubrel(self, p: Pubrel) -> None:

@@ -34,6 +34,7 @@ from mesh.mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
 from gossip.service import GossipService
+from routing.cluster import Cluster
 from gossip.trace import NullTraceWriter, TraceWriter
 from session_store.rocks import RocksStore, StoreOpenError
 
@@ -71,7 +72,12 @@ class Node:
         self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store)
         self._store_dirty = trio.Event()
         self.store.on_dirty = lambda: self._store_dirty.set()
-        self.broker.restore(self.store.load(), time.time())
+        recovered = self.store.load()
+        # Every start is a new route epoch, so peers never mistake fresh route
+        # versions for old news (routing.table).
+        self.route_epoch = int(recovered.meta.get("route_epoch", 0)) + 1
+        self.store.put_meta("route_epoch", self.route_epoch)
+        self.broker.restore(recovered, time.time())
         self.started_at = time.time()
         self.trace: TraceWriter | NullTraceWriter = (
             TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
@@ -87,6 +93,10 @@ class Node:
             trace=self.trace,
             preset=settings.gossip_preset,
             advertise_host=settings.gossip_advertise,
+        )
+        self.cluster = Cluster(
+            node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
+            cluster_name=settings.cluster_name, epoch=self.route_epoch,
         )
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()
@@ -104,6 +114,7 @@ class Node:
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as services:
                 self.ports["gossip"] = await self._start_gossip(services, s.gossip)
+                await services.start(self.cluster.run)
                 if s.mqtt is not None:
                     listeners = await self._open_listeners("mqtt", s.mqtt)
                     self.ports["mqtt"] = listeners[0].socket.getsockname()[1]

@@ -35,17 +35,13 @@ BACKOFF_MAX = 5.0
 
 
 class AckGate:
-    """What a publisher's PUBACK/PUBREC waits for: the local store epoch and the
-    acknowledgements of the remote nodes the message was forwarded to."""
+    """Counts the remote nodes a publisher's PUBACK/PUBREC still waits for (each one
+    acknowledges a forwarded message, or is given up on as down)."""
 
-    __slots__ = ("epoch", "waiting")
+    __slots__ = ("waiting",)
 
     def __init__(self) -> None:
-        self.epoch = 0
         self.waiting = 0
-
-    def ready(self, durable_epoch: int) -> bool:
-        return self.waiting <= 0 and self.epoch <= durable_epoch
 
 
 class LinkItem:
@@ -96,7 +92,7 @@ class FramedStream:
 class OutboundLink:
     """This node's link to one peer: a queue, a connection task, resends."""
 
-    def __init__(self, peer: str, gossip: "GossipService", node_id: str, epoch: int, cluster_name: str,
+    def __init__(self, peer: str, gossip: "GossipService", node_id: str, epoch: str, cluster_name: str,
                  on_acked: Callable[[list[LinkItem]], None]) -> None:
         self.peer = peer
         self.gossip = gossip
@@ -217,7 +213,7 @@ class InboundLinks:
         self.handle_request = handle_request
         # Highest batch taken per (peer, peer epoch): resends after a reconnect are
         # acknowledged without being delivered again.
-        self.taken: dict[tuple[str, int], int] = {}
+        self.taken: dict[tuple[str, str], int] = {}
         self.malformed = 0
 
     async def serve(self, stream: trio.abc.Stream, hello: dict[str, Any]) -> None:
@@ -245,7 +241,7 @@ class InboundLinks:
 
     async def _take_batch(self, link: FramedStream, peer: str, frame: dict[str, Any]) -> None:
         epoch, seq, items = frame["e"], frame["s"], frame["m"]
-        if not isinstance(seq, int) or not isinstance(items, list):
+        if not isinstance(epoch, str) or not isinstance(seq, int) or not isinstance(items, list):
             raise ValueError("bad fwd frame")
         key = (peer, epoch)
         if seq > self.taken.get(key, 0):

@@ -1,0 +1,314 @@
+"""The mesh: one broker seen through every node.
+
+Glue between the broker, the route table (`routing.table`), gossip and the mesh links:
+
+- local route changes (first local subscriber of a filter, last one gone) are batched
+  per tick into `RouteDelta`s and disseminated by gossip (`route` broadcasts);
+- deltas from peers update the remote trie; gaps and rejoined members are closed by
+  pulling snapshots over a mesh link (`routes_req` with our digest); digests also ride
+  gossip push-pull so any divergence is noticed within one push-pull period;
+- a member declared dead loses its routes and its link fails what it had not
+  acknowledged (those publishers are answered as if the peer were down);
+- a publish is forwarded once to each remote node whose routes match (and, when
+  retained, to every node, which keeps its own copy: retained messages are replicated,
+  and a node that joins pulls the retained set from a peer); the receiving node
+  delivers to its local subscribers only, so nothing loops.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink
+from routing.table import RouteDelta, RouteSnapshot, RouteTable
+from session_store import records
+
+if TYPE_CHECKING:
+    from gossip.service import GossipService
+    from gossip.trace import NullTraceWriter, TraceWriter
+    from mesh.broker import Broker
+    from session_store.model import Message
+
+log = logging.getLogger("meshd.cluster")
+
+ROUTE_FLUSH_DELAY = 0.02  # coalesce route changes made in one burst into one delta
+ROUTE_CHUNK_BYTES = 900  # route broadcasts must fit a gossip packet with room to spare
+ANTI_ENTROPY_INTERVAL = 5.0
+
+
+def _now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+class Cluster:
+    def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService",
+                 trace: "TraceWriter | NullTraceWriter", cluster_name: str, epoch: int) -> None:
+        self.node_id = node_id
+        self.broker = broker
+        self.gossip = gossip
+        self.trace = trace
+        self.cluster_name = cluster_name
+        self.epoch = epoch
+        self.table = RouteTable(node_id, epoch)
+        self.links: dict[str, OutboundLink] = {}
+        self.inbound = InboundLinks(cluster_name, gossip, node_id, self._take_batch, self._wait_durable, self._answer)
+        self._pending_routes: list[tuple[str, bool]] = []
+        self._route_wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._retained_pulled = False
+        self.forwarded_out = 0
+        self.forwarded_in = 0
+        self.malformed_items = 0
+        self._shared_next: dict[tuple[str, str], int] = {}
+        self._link_serial = 0
+        gossip.on_broadcast("route", self._on_route_broadcast)
+        gossip.on_member_change(self._on_member_change)
+        gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
+        gossip.register_stream_handler("link_hello", self.inbound.serve)
+        broker.cluster = self
+
+    # ---------------------------------------------------------------- running
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            # Routes of sessions restored from the store.
+            self._pending_routes.extend((f, True) for f in self.broker.local_route_filters())
+            nursery.start_soon(self._route_flusher)
+            nursery.start_soon(self._anti_entropy)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # ---------------------------------------------------- local route changes
+
+    def route_changed(self, topic_filter: str, present: bool) -> None:
+        """Called by the broker when a filter gets its first local subscriber or loses its last."""
+        self._pending_routes.append((topic_filter, present))
+        self._route_wake.set()
+
+    async def _route_flusher(self) -> None:
+        while True:
+            if not self._pending_routes:
+                await self._route_wake.wait()
+            self._route_wake = trio.Event()
+            await trio.sleep(ROUTE_FLUSH_DELAY)
+            pending, self._pending_routes = self._pending_routes, []
+            delta = self.table.local_changes(pending)
+            if delta is not None:
+                self._disseminate(delta)
+
+    def _disseminate(self, delta: RouteDelta) -> None:
+        ts = _now_us()
+        for chunk in _chunks(delta):
+            for topic_filter, present in chunk.changes:
+                self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
+                                event_id=f"{self.node_id}:{chunk.epoch}:{chunk.first_version}:{topic_filter}")
+            self.gossip.broadcast("route", f"{chunk.epoch}:{chunk.first_version}", [chunk.to_wire(), ts])
+
+    # --------------------------------------------------- remote route changes
+
+    def _on_route_broadcast(self, origin: str, payload: Any) -> None:
+        try:
+            delta_wire, origin_ts = payload
+            delta = RouteDelta.from_wire(delta_wire)
+        except (TypeError, ValueError) as exc:
+            self.malformed_items += 1
+            log.warning("dropping a malformed route delta from %s: %s", origin, exc)
+            return
+        changes = self.table.apply_delta(delta)
+        ts = _now_us()
+        for topic_filter, node, present in changes:
+            self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
+                            origin=node, origin_ts_us=int(origin_ts),
+                            event_id=f"{node}:{delta.epoch}:{delta.first_version}:{topic_filter}", hops=1)
+        if self.table.wanted:
+            self._pull_routes(delta.origin)
+
+    def _on_member_change(self, member: str, state: str) -> None:
+        if state in ("dead", "left"):
+            dropped = self.table.drop_origin(member)
+            if dropped:
+                log.info("member %s %s: dropped its %d routes", member, state, len(dropped))
+            link = self.links.pop(member, None)
+            if link is not None:
+                link.cancel_scope.cancel()
+                self._release(link.fail_all())
+        elif state == "alive":
+            self._pull_routes(member)
+            if not self._retained_pulled:
+                self._pull_retained(member)
+
+    def _digest_for_push_pull(self) -> object:
+        return {"n": self.node_id, "d": {o: list(d) for o, d in self.table.digest().items()}}
+
+    def _on_peer_digest(self, state: object) -> None:
+        try:
+            peer = state["n"]  # type: ignore[index]
+            digest = {o: tuple(d) for o, d in state["d"].items()}  # type: ignore[index]
+        except (TypeError, KeyError, AttributeError):
+            self.malformed_items += 1
+            return
+        mine = self.table.digest()
+        behind = any(o != self.node_id and (d[0], d[1]) > mine.get(o, (-1, -1, 0))[:2] for o, d in digest.items())
+        if behind:
+            self._pull_routes(peer)
+
+    def _pull_routes(self, peer: str) -> None:
+        if peer == self.node_id or self._nursery is None:
+            return
+        digest = {o: list(d) for o, d in self.table.digest().items()}
+        self._link(peer).request("routes_req", {"d": digest}, self._on_routes_reply)
+
+    def _on_routes_reply(self, frame: dict[str, Any]) -> None:
+        for snap_wire in frame.get("snaps", ()):
+            try:
+                snap = RouteSnapshot.from_wire(snap_wire)
+            except (TypeError, ValueError):
+                self.malformed_items += 1
+                continue
+            self.table.apply_snapshot(snap)
+
+    def _pull_retained(self, peer: str) -> None:
+        if self._nursery is None:
+            return
+        self._retained_pulled = True
+        self._link(peer).request("retained_req", {}, self._on_retained_reply)
+
+    def _on_retained_reply(self, frame: dict[str, Any]) -> None:
+        now = time.time()
+        for item in frame.get("msgs", ()):
+            try:
+                msg = records.message_from_map(item)
+            except records.RecordError:
+                self.malformed_items += 1
+                continue
+            # Anti-entropy fills gaps; it never overwrites a retained message held here.
+            if self.broker.retained.get(msg.topic) is None and not msg.expired(now):
+                self.broker.keep_retained(msg)
+
+    async def _anti_entropy(self) -> None:
+        while True:
+            await trio.sleep(ANTI_ENTROPY_INTERVAL * (0.5 + random.random()))
+            alive = self.gossip.alive_members()
+            if not alive:
+                continue
+            wanted = [o for o in self.table.wanted if o in alive]
+            self._pull_routes(wanted[0] if wanted else random.choice(alive))
+
+    def _answer(self, peer: str, frame: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        kind = frame["t"]
+        if kind == "routes_req":
+            digest = {o: tuple(d) for o, d in frame["d"].items()}
+            snaps = self.table.snapshots_newer_than(digest)
+            return "routes", {"snaps": [s.to_wire() for s in snaps]}
+        if kind == "retained_req":
+            now = time.time()
+            msgs = [records.message_map(m) for _, m in self.broker.retained.items() if not m.expired(now) and not m.topic.startswith("$")]
+            return "retained", {"msgs": msgs}
+        raise ValueError(f"unknown mesh frame {kind!r}")
+
+    # ------------------------------------------------------------- forwarding
+
+    def plain_nodes(self, topic: str) -> set[str]:
+        return self.table.match_nodes(topic)
+
+    def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]:
+        return self.table.match_shared(topic) if len(self.table.shared_trie) else {}
+
+    def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str:
+        """Round-robin over the nodes with members of a shared group (this node too)."""
+        i = self._shared_next.get(key, 0)
+        self._shared_next[key] = i + 1
+        return candidates[i % len(candidates)]
+
+    def forward(self, msg: "Message", targets: dict[str, list], gate: AckGate | None) -> None:
+        """Send `msg` to each target node once: targets[node] = [plain, groups, keep_retained]."""
+        if not targets:
+            return
+        data = records.message_map(msg)
+        for node, (plain, groups, keep_retained) in targets.items():
+            item = LinkItem([data, plain, groups, keep_retained], msg.qos, gate if msg.qos else None)
+            if item.gate is not None:
+                item.gate.waiting += 1
+            if self._link(node).enqueue(item):
+                self.forwarded_out += 1
+            else:
+                self._release([item])
+
+    def retained_targets(self) -> list[str]:
+        return self.gossip.alive_members()
+
+    def _link(self, peer: str) -> OutboundLink:
+        link = self.links.get(peer)
+        if link is None:
+            # A fresh link numbers its batches from 1: give it its own epoch so the peer's
+            # duplicate filter (per peer and link epoch) never mistakes it for an old one.
+            self._link_serial += 1
+            link_epoch = f"{self.epoch}.{self._link_serial}"
+            link = self.links[peer] = OutboundLink(peer, self.gossip, self.node_id, link_epoch, self.cluster_name, self._release)
+            assert self._nursery is not None
+            self._nursery.start_soon(link.run)
+        return link
+
+    def _release(self, items: list[LinkItem]) -> None:
+        """Items acknowledged by their peer, or given up: their gates open."""
+        released = False
+        for item in items:
+            if item.gate is not None:
+                item.gate.waiting -= 1
+                released = True
+        if released:
+            self.broker.on_durable()
+
+    # ------------------------------------------------------------- receiving
+
+    def _take_batch(self, peer: str, items: list[list]) -> None:
+        now = time.time()
+        for item in items:
+            try:
+                data, plain, groups, keep_retained = item
+                msg = records.message_from_map(data)
+                groups = [(str(g), str(f)) for g, f in groups]
+            except (records.RecordError, TypeError, ValueError):
+                self.malformed_items += 1
+                continue
+            self.forwarded_in += 1
+            self.broker.publish_remote(msg, now, plain=bool(plain), groups=groups, keep_retained=bool(keep_retained))
+
+    async def _wait_durable(self) -> None:
+        store = self.broker.store
+        epoch = store.write_epoch
+        if epoch <= store.durable_epoch:
+            return
+        done = trio.Event()
+        self.broker.when_durable(epoch, done.set)
+        await done.wait()
+
+    # ------------------------------------------------------------- inspection
+
+    def routes(self) -> list[dict[str, Any]]:
+        return [{"filter": f, "nodes": sorted(n)} for f, n in sorted(self.table.routes().items())]
+
+
+def _chunks(delta: RouteDelta) -> list[RouteDelta]:
+    """Split a delta so each broadcast stays well under a gossip packet."""
+    out: list[RouteDelta] = []
+    current: list[tuple[str, bool]] = []
+    size = 0
+    first = delta.first_version
+    for change in delta.changes:
+        cost = len(change[0].encode("utf-8")) + 4
+        if current and size + cost > ROUTE_CHUNK_BYTES:
+            out.append(RouteDelta(delta.origin, delta.epoch, first, tuple(current)))
+            first += len(current)
+            current, size = [], 0
+        current.append(change)
+        size += cost
+    if current:
+        out.append(RouteDelta(delta.origin, delta.epoch, first, tuple(current)))
+    return out

@@ -1,0 +1,132 @@
+"""Three real `meshd` processes on 127.0.0.1: clients on different nodes see one broker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mesh.http_client import request_json
+from tests.cluster.test_membership_processes import FAST, view, wait_for
+from tests.support import Client, MeshdProcess, free_port
+
+
+@pytest.fixture
+def cluster3(tmp_path):
+    ports = [free_port() for _ in range(3)]
+    nodes = {
+        name: MeshdProcess(str(tmp_path / name), *FAST, "--seed", f"127.0.0.1:{ports[0]}", http=True,
+                           gossip_port=ports[i], node_id=name)
+        for i, name in enumerate("ABC")
+    }
+    try:
+        for n in nodes.values():
+            n.start()
+        for n in nodes.values():
+            wait_for(lambda n=n: sum(v == "alive" for v in view(n).values()) == 3, what=f"{n.node_id} sees 3 alive")
+        yield nodes
+    finally:
+        for n in nodes.values():
+            n.__exit__()
+
+
+def routes(node: MeshdProcess) -> dict[str, set[str]]:
+    status, body = request_json(node.http_addr, "GET", "/api/v1/routes")
+    assert status == 200
+    return {r["filter"]: set(r["nodes"]) for r in body["routes"]}
+
+
+def wait_route(nodes, topic_filter: str, owners: set[str]) -> None:
+    for n in nodes:
+        wait_for(lambda n=n: routes(n).get(topic_filter, set()) == owners, what=f"{n.node_id}: {topic_filter} -> {owners}")
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_publish_on_c_reaches_subscriber_on_a(cluster3, qos):
+    a, c = cluster3["A"], cluster3["C"]
+    sub = Client("sub-a", version=5)
+    sub.connect(a.port)
+    sub.subscribe("plant/+/temp", qos)
+    wait_route(cluster3.values(), "plant/+/temp", {"A"})
+    pub = Client("pub-c", version=5)
+    pub.connect(c.port)
+    for i in range(20):
+        pub.publish(f"plant/{i}/temp", str(i).encode(), qos=qos)
+    got = sub.expect(20)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(20)]  # order kept across the hop
+    assert {m.qos for m in got} == {qos}
+    sub.expect_none(0.3)  # exactly once each, no loops
+
+
+def test_subscribers_on_two_nodes_and_local_one_all_get_it(cluster3):
+    subs = {}
+    for name in "ABC":
+        subs[name] = Client(f"s-{name}", version=4)
+        subs[name].connect(cluster3[name].port)
+        subs[name].subscribe("all/#", 1)
+    wait_route(cluster3.values(), "all/#", {"A", "B", "C"})
+    pub = Client("p", version=5)
+    pub.connect(cluster3["B"].port)
+    pub.publish("all/x", b"fan", qos=1)
+    for s in subs.values():
+        assert [m.payload for m in s.expect(1)] == [b"fan"]
+        s.expect_none(0.3)
+
+
+def test_shared_subscription_across_nodes(cluster3):
+    members = []
+    for name in "AB":
+        m = Client(f"worker-{name}", version=5)
+        m.connect(cluster3[name].port)
+        m.subscribe("$share/workers/jobs/#", 1)
+        members.append(m)
+    wait_route(cluster3.values(), "$share/workers/jobs/#", {"A", "B"})
+    pub = Client("p", version=5)
+    pub.connect(cluster3["C"].port)
+    for i in range(20):
+        pub.publish(f"jobs/{i}", str(i).encode(), qos=1)
+    time.sleep(1.0)
+    got = [[int(m.payload) for m in s.expect(s.messages.qsize(), timeout=1)] for s in members]
+    assert sorted(got[0] + got[1]) == list(range(20))  # each job once, cluster-wide
+    assert len(got[0]) == len(got[1]) == 10  # round-robin over the nodes with members
+
+
+def test_retained_is_cluster_wide(cluster3):
+    pub = Client("p", version=5)
+    pub.connect(cluster3["C"].port)
+    pub.publish("state/valve", b"closed", qos=1, retain=True)
+    sub = Client("late", version=5)
+    sub.connect(cluster3["A"].port)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        sub.subscribe("state/#", 1)
+        if not sub.messages.empty():
+            break
+        sub.unsubscribe("state/#")
+        time.sleep(0.2)
+    m = sub.expect(1)[0]
+    assert (m.topic, m.payload, m.retain) == ("state/valve", b"closed", True)
+
+
+def test_unsubscribe_removes_route_everywhere(cluster3):
+    sub = Client("u", version=5)
+    sub.connect(cluster3["A"].port)
+    sub.subscribe("gone/soon", 1)
+    wait_route(cluster3.values(), "gone/soon", {"A"})
+    sub.unsubscribe("gone/soon")
+    for n in cluster3.values():
+        wait_for(lambda n=n: "gone/soon" not in routes(n), what=f"{n.node_id} drops gone/soon")
+
+
+def test_kill9_of_b_removes_its_routes(cluster3):
+    sub = Client("b-sub", version=5)
+    sub.connect(cluster3["B"].port)
+    sub.subscribe("b/only", 1)
+    wait_route(cluster3.values(), "b/only", {"B"})
+    cluster3["B"].kill()
+    for name in "AC":
+        wait_for(lambda n=cluster3[name]: "b/only" not in routes(n), what=f"{name} drops B's routes")
+    # Publishing towards the dead node's old route does not hang the publisher.
+    pub = Client("p", version=5)
+    pub.connect(cluster3["A"].port)
+    pub.publish("b/only", b"x", qos=1)
