@@ -54,7 +54,12 @@ class MdnsDiscovery:
         svc = self.service
         assert svc.address is not None
         host, port = svc.address
-        if ipaddress.ip_address(host).is_loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            log.info("mDNS off: gossip address %s is not an IP address", host)
+            return
+        if loopback:
             log.info("mDNS off: gossip advertises loopback address %s", host)
             return
         token = trio.lowlevel.current_trio_token()

@@ -25,6 +25,7 @@ from .events import BroadcastReceived, MemberChanged
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
 from .swim import Addr, Swim
+from .transport import NetTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
 
 log = logging.getLogger("meshd.gossip")
@@ -52,6 +53,7 @@ class GossipService:
         advertise_host: str | None = None,
         config: GossipConfig | None = None,
         seed: int | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.node_id = node_id
         self.bind_host = bind_host
@@ -77,7 +79,8 @@ class GossipService:
         self._broadcast_handlers: dict[str, list[Callable[[str, object], None]]] = {}
         self._member_handlers: list[Callable[[str, str], None]] = []
         self._pending_broadcasts: list[tuple[str, str, object]] = []
-        self._sock: trio.socket.SocketType | None = None
+        self._given_transport = transport
+        self.transport: Transport | None = None
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._inbound = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
@@ -155,10 +158,16 @@ class GossipService:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind UDP and TCP on the gossip port, report it, run until cancelled."""
-        sock, listeners, port = await self._bind()
-        self._sock = sock
+        transport = self._given_transport or await NetTransport.bind(self.bind_host, self.bind_port)
+        self.transport = transport
+        port = transport.address[1]
         self.port = port
-        host = self.advertise_host or _advertise_guess(self.bind_host)
+        if self.advertise_host:
+            host = self.advertise_host
+        elif isinstance(transport, NetTransport):
+            host = _advertise_guess(self.bind_host)
+        else:
+            host = transport.address[0]
         self.address = (host, port)
         now = trio.current_time()
         limit = self.config.udp_buffer_size - (SEAL_OVERHEAD if self.keyring is not None else 0)
@@ -181,12 +190,14 @@ class GossipService:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._udp_reader, sock)
+                nursery.start_soon(self._udp_reader)
                 nursery.start_soon(self._timer_loop)
                 nursery.start_soon(self._lag_monitor)
-                nursery.start_soon(trio.serve_listeners, self._serve_stream, listeners)
+                nursery.start_soon(transport.serve_streams, self._serve_stream)
                 if self.seeds:
-                    seeds = await self._resolve(self.seeds)
+                    seeds = await transport.resolve(self.seeds)
+                    if len(seeds) < len(self.seeds):
+                        log.warning("some seeds did not resolve: %s", self.seeds)
                     self.swim.join(seeds, trio.current_time())
                 if self.mdns:
                     from .mdns import MdnsDiscovery
@@ -196,7 +207,7 @@ class GossipService:
                 task_status.started(port)
         finally:
             self._nursery = None
-            sock.close()
+            transport.close()
             self.trace.emit(ts_us=_wall_us(), kind="node_stop", subject=self.node_id)
             self.trace.flush()
 
@@ -227,36 +238,10 @@ class GossipService:
 
     # ------------------------------------------------------------------ tasks
 
-    async def _bind(self) -> tuple[Any, list[trio.SocketListener], int]:
-        family = socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET
-        # UDP and TCP share one port number; with port 0 the UDP pick may be taken on
-        # TCP, so try a few times
-        for _attempt in range(20):
-            sock = trio.socket.socket(family, socket.SOCK_DGRAM)
-            try:
-                await sock.bind((self.bind_host, self.bind_port))
-                port = sock.getsockname()[1]
-                try:
-                    listeners = await trio.open_tcp_listeners(port, host=self.bind_host)
-                except OSError:
-                    if self.bind_port:
-                        raise
-                    sock.close()
-                    continue
-                return sock, listeners, port
-            except BaseException:
-                sock.close()
-                raise
-        raise OSError(f"no free gossip port on {self.bind_host}")
-
-    async def _udp_reader(self, sock: Any) -> None:
-        assert self.swim is not None
+    async def _udp_reader(self) -> None:
+        assert self.swim is not None and self.transport is not None
         while True:
-            try:
-                data, addr = await sock.recvfrom(65536)
-            except OSError:
-                # e.g. ICMP port unreachable reported on the socket: keep reading
-                continue
+            data, addr = await self.transport.receive_packet()
             if self.keyring is not None:
                 try:
                     data = self.keyring.open(data, UDP_AAD)
@@ -301,7 +286,7 @@ class GossipService:
             if self.keyring is not None:
                 data = self.keyring.seal(data, UDP_AAD)
             try:
-                await self._sock.sendto(data, addr)  # type: ignore[union-attr]
+                await self.transport.send_packet(data, addr)  # type: ignore[union-attr]
             except (OSError, OverflowError, ValueError, TypeError):
                 self.send_errors += 1
         if self._nursery is not None:
@@ -349,7 +334,7 @@ class GossipService:
         assert self.swim is not None
         with trio.move_on_after(PUSH_PULL_TIMEOUT) as scope:
             try:
-                stream = await trio.open_tcp_stream(addr[0], addr[1])
+                stream = await self.transport.open_stream(addr)  # type: ignore[union-attr]
             except (OSError, OverflowError, ValueError):
                 self.push_pull_failures += 1
                 return
@@ -408,20 +393,6 @@ class GossipService:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
         return handoff
-
-    async def _resolve(self, addrs: Sequence[tuple[str, int]]) -> list[Addr]:
-        out: list[Addr] = []
-        for host, port in addrs:
-            try:
-                infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-            except OSError:
-                log.warning("cannot resolve seed %s:%s", host, port)
-                continue
-            for family, _, _, _, sa in infos:
-                if family == (socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET):
-                    out.append((sa[0], sa[1]))
-                    break
-        return out
 
 
 async def _read_exact(stream: trio.abc.ReceiveStream, n: int) -> bytes:
