@@ -252,33 +252,47 @@ class Simulation:
         return sa is not None and sb is not None and sa != sb
 
     def _flush(self, i: int) -> None:
+        # the simulator's hot path: a few attribute lookups inlined on purpose
         sw = self.nodes[i]
         now = self.now
         out = sw.datagrams_to_send(now)
+        heap = self._heap
         if out:
             rnd = self.rng.random
             loss, dup = self.p.loss, self.p.duplicate
             src = (self.names[i], PORT)
+            index = self.index
+            partitioned = self.partitioned
+            sent = 0
             for addr, data in out:
-                self.packets += 1
-                self.sent_bytes[i] += len(data)
-                j = self.index.get(addr[0])
-                if j is None or self._cut(i, j):
+                sent += len(data)
+                j = index.get(addr[0])
+                if j is None or (partitioned and self._cut(i, j)):
                     continue
                 if loss and rnd() < loss:
                     continue
-                self._push(now + self._latency(i, j), _DELIVER, j, data, src)
+                self._seq += 1
+                heapq.heappush(heap, (now + self._latency(i, j), self._seq, _DELIVER, (j, data, src)))
                 if dup and rnd() < dup:
                     self._push(now + self._latency(i, j), _DELIVER, j, data, src)
-        for addr, body in sw.streams_to_open() if sw._pp_out else ():
-            j = self.index.get(addr[0])
-            if j is None or self._cut(i, j):
-                continue
-            # a TCP connect plus the request: one and a half round trips
-            self._push(now + 3 * self._latency(i, j), _PP_REQUEST, j, i, body)
-        if sw._events:  # peeked to skip a call on the hot path
+            self.packets += len(out)
+            self.sent_bytes[i] += sent
+        if sw._pp_out:  # peeked to skip a call on the hot path
+            for addr, body in sw.streams_to_open():
+                j = self.index.get(addr[0])
+                if j is None or self._cut(i, j):
+                    continue
+                # a TCP connect plus the request: one and a half round trips
+                self._push(now + 3 * self._latency(i, j), _PP_REQUEST, j, i, body)
+        if sw._events:
             self._record(i, sw.events())
-        self._reschedule(i)
+        timers = sw._timers
+        if timers:
+            t = timers[0][0]
+            if t != self._timer_at[i]:
+                self._timer_at[i] = t
+                self._seq += 1
+                heapq.heappush(heap, (t if t > now else now, self._seq, _TIMER, (i,)))
 
     def _reschedule(self, i: int) -> None:
         t = self.nodes[i].next_timer()
