@@ -34,6 +34,7 @@ from mesh.mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
 from gossip.service import GossipService
+from mesh.config_sync import ConfigSync
 from routing.cluster import Cluster
 from gossip.trace import NullTraceWriter, TraceWriter
 from session_store.rocks import RocksStore, StoreOpenError
@@ -97,6 +98,10 @@ class Node:
         self.cluster = Cluster(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
             cluster_name=settings.cluster_name, epoch=self.route_epoch,
+        )
+        self.config_sync = ConfigSync(
+            node_id=self.node_id, broker=self.broker, gossip=self.gossip, store=self.store, trace=self.trace,
+            recovered_meta=recovered.meta,
         )
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()

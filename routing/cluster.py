@@ -108,7 +108,9 @@ class Cluster:
             for topic_filter, present in chunk.changes:
                 self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
                                 event_id=f"{self.node_id}:{chunk.epoch}:{chunk.first_version}:{topic_filter}")
-            self.gossip.broadcast("route", f"{chunk.epoch}:{chunk.first_version}", [chunk.to_wire(), ts])
+            # The key names the origin: gossip lets a newer broadcast with the same key
+            # replace an older one, which must never happen between two origins.
+            self.gossip.broadcast("route", f"{self.node_id}:{chunk.epoch}:{chunk.first_version}", [chunk.to_wire(), ts])
 
     # --------------------------------------------------- remote route changes
 

@@ -8,7 +8,7 @@ import pytest
 
 from mesh.http_client import request_json
 from tests.cluster.test_membership_processes import FAST, view, wait_for
-from tests.support import Client, MeshdProcess, free_port
+from tests.support import Client, MeshdProcess, free_port, run_cli
 
 
 @pytest.fixture
@@ -130,3 +130,71 @@ def test_kill9_of_b_removes_its_routes(cluster3):
     pub = Client("p", version=5)
     pub.connect(cluster3["A"].port)
     pub.publish("b/only", b"x", qos=1)
+
+
+def effective(node: MeshdProcess, key: str):
+    status, body = request_json(node.http_addr, "GET", f"/api/v1/config/{key}")
+    return body.get("value") if status == 200 else None
+
+
+def test_config_set_on_a_is_applied_on_b_and_c(cluster3):
+    out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "config", "set", "max_queued_messages", "3"])
+    assert out.returncode == 0, out.stderr
+    for n in cluster3.values():
+        wait_for(lambda n=n: effective(n, "max_queued_messages") == 3, what=f"{n.node_id} applies the change")
+    # Applied for real on C: a persistent session there keeps only 3 queued messages.
+    c = cluster3["C"]
+    sub = Client("small-q", version=5, clean=False)
+    sub.connect(c.port, expiry=600)
+    sub.subscribe("cfg/#", 1)
+    sub.disconnect()
+    pub = Client("p", version=5)
+    pub.connect(c.port)
+    for i in range(6):
+        pub.publish("cfg/x", str(i).encode(), qos=1)
+    again = Client("small-q", version=5, clean=False)
+    again.connect(c.port, expiry=600)
+    assert [m.payload for m in again.expect(3)] == [b"3", b"4", b"5"]
+    listing = run_cli(["ctl", "--http", cluster3["B"].http_addr, "config", "list"])
+    assert "max_queued_messages" in listing.stdout and "origin=A" in listing.stdout
+
+
+def test_bad_config_is_refused_where_it_is_set(cluster3):
+    out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "config", "set", "max_inflight", "0"])
+    assert out.returncode == 2
+    assert out.stderr.startswith("meshd ctl: max_inflight:")
+    out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "config", "set", "mqtt", "1.2.3.4:1"])
+    assert out.returncode == 2 and "not a cluster setting" in out.stderr
+
+
+def test_concurrent_conflicting_changes_converge(cluster3):
+    import threading
+
+    results = []
+
+    def set_on(name, value):
+        results.append(run_cli(["ctl", "--http", cluster3[name].http_addr, "config", "set", "max_inflight", value]))
+
+    threads = [threading.Thread(target=set_on, args=(n, v)) for n, v in (("A", "11"), ("B", "22"), ("C", "33"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.returncode == 0 for r in results)
+
+    def one_value():
+        values = {effective(n, "max_inflight") for n in cluster3.values()}
+        return values if len(values) == 1 else None
+
+    wait_for(one_value, what="one value everywhere")
+    assert one_value() & {11, 22, 33}
+
+
+def test_ctl_routes(cluster3):
+    sub = Client("r", version=5)
+    sub.connect(cluster3["B"].port)
+    sub.subscribe("ctl/routes/#", 0)
+    wait_route(cluster3.values(), "ctl/routes/#", {"B"})
+    out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "routes"])
+    assert out.returncode == 0
+    assert any(line.split() == ["ctl/routes/#", "B"] for line in out.stdout.splitlines())

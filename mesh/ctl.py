@@ -1,0 +1,80 @@
+"""`meshd ctl`: operate a running node through its HTTP API.
+
+    meshd ctl config set KEY VALUE   change a cluster-wide setting (every node applies it)
+    meshd ctl config get KEY         one cluster setting: value, origin node, HLC
+    meshd ctl config list            every cluster setting
+    meshd ctl routes                 the cluster route table as this node sees it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from mesh.http_client import HttpClientError, request_json
+
+DEFAULT_HTTP = "127.0.0.1:18083"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshd ctl", description="Operate a running meshd node through its HTTP API.")
+    p.add_argument("--http", default=DEFAULT_HTTP, help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
+    p.add_argument("--json", action="store_true", help="print the node's JSON answer as it is")
+    sub = p.add_subparsers(dest="command", required=True)
+    config = sub.add_parser("config", help="cluster-wide settings").add_subparsers(dest="action", required=True)
+    s = config.add_parser("set", help="set a cluster-wide setting")
+    s.add_argument("key")
+    s.add_argument("value")
+    g = config.add_parser("get", help="show one cluster-wide setting")
+    g.add_argument("key")
+    config.add_parser("list", help="show every cluster-wide setting")
+    sub.add_parser("routes", help="the cluster route table (filter -> nodes)")
+    return p
+
+
+def _call(http: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    return request_json(http, method, path, body)
+
+
+def _format_register(r: dict[str, Any]) -> str:
+    hlc = r.get("hlc", {})
+    return f"{r['key']:<22} {json.dumps(r['value']):<12} origin={r['origin']} hlc={hlc.get('wall_ms')}.{hlc.get('logical')}"
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "routes":
+            status, body = _call(args.http, "GET", "/api/v1/routes")
+        elif args.action == "set":
+            status, body = _call(args.http, "PUT", f"/api/v1/config/{args.key}", {"value": args.value})
+        elif args.action == "get":
+            status, body = _call(args.http, "GET", f"/api/v1/config/{args.key}")
+        else:
+            status, body = _call(args.http, "GET", "/api/v1/config")
+    except HttpClientError as exc:
+        print(f"meshd ctl: {exc}", file=sys.stderr)
+        return 1
+    if status >= 400:
+        message = body.get("error") if isinstance(body, dict) else body
+        print(f"meshd ctl: {message}", file=sys.stderr)
+        return 2 if status == 400 else 1
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif args.command == "routes":
+        routes = body["routes"]
+        for r in routes:
+            print(f"{r['filter']:<40} {' '.join(r['nodes'])}")
+        print(f"{len(routes)} routes", file=sys.stderr)
+    elif args.action == "list":
+        for r in body["config"]:
+            print(_format_register(r))
+    else:
+        print(_format_register(body))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
