@@ -115,6 +115,8 @@ def _summary_line(s: dict[str, Any]) -> str:
         parts.append(
             f"{s['crashed']} crashed: dead at {s['crash_dead_coverage'] * 100:.1f}% of live nodes, median {s['crash_to_dead_median_s']} s, max {s['crash_to_dead_max_s']} s"
         )
+    if s.get("partition_dead"):
+        parts.append(f"{s['partition_dead']} dead across the partition")
     parts.append(f"false dead {s['false_dead']}, false suspicions {s['false_suspicions']}")
     return "; ".join(parts)
 

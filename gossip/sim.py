@@ -85,7 +85,8 @@ class SimResult:
     max_bandwidth_per_node_bps: float
     crashed: dict[str, float]  # node -> crash time
     dead_seen: dict[str, dict[str, float]]  # crashed node -> observer -> time marked dead
-    false_dead: int  # live, un-crashed members declared dead (observer, subject) pairs
+    false_dead: int  # live, un-crashed, reachable members declared dead (observer, subject) pairs
+    partition_dead: int  # members declared dead by an observer on the other side of a cut
     false_suspicions: int  # probes that accused a member that was healthy throughout
     suspicions_of_live: int  # suspect transitions about members that never crashed
     broadcasts: dict[str, tuple[float, str]]  # event id -> (origin time, origin)
@@ -130,6 +131,7 @@ class SimResult:
             "crash_to_dead_median_s": _pct(det, 50),
             "crash_to_dead_max_s": round(max(det), 3) if det else None,
             "false_dead": self.false_dead,
+            "partition_dead": self.partition_dead,
             "false_suspicions": self.false_suspicions,
             "suspicions_of_live": self.suspicions_of_live,
         }
@@ -188,6 +190,7 @@ class Simulation:
         # stats
         self.dead_seen: dict[str, dict[str, float]] = {}
         self.false_dead = 0
+        self.partition_dead = 0
         self.false_suspicions = 0
         self.suspicions_of_live = 0
         self.broadcasts: dict[str, tuple[float, str]] = {}
@@ -321,9 +324,11 @@ class Simulation:
                 if ev.state in (DEAD, LEFT):
                     if crashed:
                         self.dead_seen.setdefault(ev.member, {}).setdefault(name, now)
+                    elif self._across(ev.origin, subj):
+                        self.partition_dead += 1  # declared by someone who could not reach it
                     else:
                         self.false_dead += 1
-                elif ev.state == SUSPECT and not crashed:
+                elif ev.state == SUSPECT and not crashed and not self._across(ev.origin, subj):
                     self.suspicions_of_live += 1
             elif isinstance(ev, BroadcastReceived):
                 w.emit(
@@ -336,8 +341,28 @@ class Simulation:
                     self.bcast_seen.setdefault(ev.event_id, {})[name] = now
             elif isinstance(ev, ProbeFailed):
                 j = self.index[ev.target]
-                if not self._was_unhealthy(j, ev.started, now):
+                if not self._was_unhealthy(j, ev.started, now) and not self._cut_during(i, j, ev.started):
                     self.false_suspicions += 1
+
+    def _across(self, origin: str, subj: int) -> bool:
+        """Was this declaration made across a partition (now or earlier in the run)?"""
+        if self.p.partition is None or self.now < self.p.partition_at:
+            return False
+        o = self.index.get(origin)
+        if o is None:
+            return False
+        so, ss = self.side[o], self.side[subj]
+        return so is not None and ss is not None and so != ss
+
+    def _cut_during(self, a: int, b: int, start: float) -> bool:
+        """Were a and b on opposite sides of a partition at some time since ``start``?"""
+        p = self.p
+        if p.partition is None or self.now < p.partition_at:
+            return False
+        if p.heal_at is not None and start > p.heal_at:
+            return False
+        sa, sb = self.side[a], self.side[b]
+        return sa is not None and sb is not None and sa != sb
 
     def _was_unhealthy(self, j: int, start: float, end: float) -> bool:
         c = self.crashed_at.get(j)
@@ -512,6 +537,7 @@ class Simulation:
             crashed={self.names[i]: t for i, t in self.crashed_at.items()},
             dead_seen=self.dead_seen,
             false_dead=self.false_dead,
+            partition_dead=self.partition_dead,
             false_suspicions=self.false_suspicions,
             suspicions_of_live=self.suspicions_of_live,
             broadcasts=self.broadcasts,
