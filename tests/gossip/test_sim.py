@@ -82,8 +82,9 @@ def test_partition_then_heal() -> None:
             states_at_heal["n15"] = ev.state  # type: ignore[attr-defined]
 
     sim.on_event = watch
-    sim.run()
+    r = sim.run()
     assert states_at_heal["n15"] == "dead"  # the far side was given up on
+    assert r.partition_dead > 0 and r.false_dead == 0 and r.false_suspicions == 0
     # after the heal, dead members still get gossip for a while, learn of it and refute
     for sw in sim.nodes:
         assert sorted(m.state for m in sw.members.values()) == ["alive"] * 20
