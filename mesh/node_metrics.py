@@ -42,4 +42,28 @@ def node_metrics(node: "Node") -> Metrics:
     )
     m.counter_callback("meshd_protocol_errors_total", "connections closed for breaking the protocol", lambda: stats.protocol_errors)
     m.gauge_callback("meshd_uptime_seconds", "seconds since the node started", node.uptime)
+    cluster = node.cluster
+    m.gauge_callback(
+        "meshd_members", "cluster members by state, as this node sees them",
+        lambda: _count_states(node.gossip.members()), ("state",),
+    )
+    m.gauge_callback("meshd_routes", "cluster route entries (filter, node) held, this node's included", lambda: cluster.table.route_count())
+    m.gauge_callback("meshd_routes_local", "route entries this node owns", lambda: len(cluster.table.local_filters()))
+    m.counter_callback("meshd_forwarded_out_total", "messages forwarded to other nodes", lambda: cluster.forwarded_out)
+    m.counter_callback("meshd_forwarded_in_total", "messages received from other nodes", lambda: cluster.forwarded_in)
+    m.counter_callback(
+        "meshd_mesh_dropped_total", "forwards dropped because a link's send queue was full",
+        lambda: sum(link.dropped for link in cluster.links.values()),
+    )
+    m.counter_callback("meshd_mesh_malformed_total", "malformed mesh frames and items dropped",
+                       lambda: cluster.malformed_items + cluster.inbound.malformed)
+    m.counter_callback("meshd_gossip_malformed_total", "malformed gossip packets dropped",
+                       lambda: node.gossip.stats.get("malformed", 0))
     return m
+
+
+def _count_states(members: list[dict]) -> dict[str, int]:
+    out = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
+    for member in members:
+        out[member["state"]] = out.get(member["state"], 0) + 1
+    return out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from mesh import __version__
@@ -26,6 +27,22 @@ def sys_values(broker: "Broker", uptime_s: float) -> list[tuple[str, str]]:
         ("$SYS/broker/bytes/sent", str(stats.bytes_out)),
         ("$SYS/broker/subscriptions/count", str(broker.subscription_count())),
         ("$SYS/broker/retained messages/count", str(len(broker.retained))),
+    ] + mesh_values(broker)
+
+
+def mesh_values(broker: "Broker") -> list[tuple[str, str]]:
+    """`$SYS/mesh/...`: the cluster as this node sees it."""
+    cluster = broker.cluster
+    if cluster is None:
+        return []
+    members = cluster.gossip.members()
+    alive = [m["id"] for m in members if m["state"] == "alive"]
+    return [
+        ("$SYS/mesh/members", json.dumps(sorted(alive))),
+        ("$SYS/mesh/members/count", str(len(alive))),
+        ("$SYS/mesh/routes/count", str(cluster.table.route_count())),
+        ("$SYS/mesh/messages/forwarded", str(cluster.forwarded_out)),
+        ("$SYS/mesh/messages/received", str(cluster.forwarded_in)),
     ]
 
 

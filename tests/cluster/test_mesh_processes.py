@@ -15,7 +15,7 @@ from tests.support import Client, MeshdProcess, free_port, run_cli
 def cluster3(tmp_path):
     ports = [free_port() for _ in range(3)]
     nodes = {
-        name: MeshdProcess(str(tmp_path / name), *FAST, "--seed", f"127.0.0.1:{ports[0]}", http=True,
+        name: MeshdProcess(str(tmp_path / name), *FAST, "--sys-interval", "0.5", "--seed", f"127.0.0.1:{ports[0]}", http=True,
                            gossip_port=ports[i], node_id=name)
         for i, name in enumerate("ABC")
     }
@@ -198,3 +198,53 @@ def test_ctl_routes(cluster3):
     out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "routes"])
     assert out.returncode == 0
     assert any(line.split() == ["ctl/routes/#", "B"] for line in out.stdout.splitlines())
+
+
+def test_puback_waits_for_the_remote_node(cluster3):
+    """QoS 1 across the hop: the publisher's PUBACK waits for the node that has the
+    subscriber (here frozen with SIGSTOP), then comes once that node has it."""
+    import signal
+
+    b = cluster3["B"]
+    sub = Client("frozen-sub", version=5)
+    sub.connect(b.port)
+    sub.subscribe("hold/#", 1)
+    wait_route(cluster3.values(), "hold/#", {"B"})
+    pub = Client("p", version=5)
+    pub.connect(cluster3["A"].port)
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        info = pub.publish("hold/1", b"wait for me", qos=1, wait=False)
+        info.wait_for_publish(0.4)
+        assert not info.is_published()
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    info.wait_for_publish(10)
+    assert info.is_published()
+    assert sub.expect(1)[0].payload == b"wait for me"
+
+
+def test_mesh_metrics_and_sys(cluster3):
+    import re
+    import urllib.request
+
+    sub = Client("m", version=5)
+    sub.connect(cluster3["A"].port)
+    sub.subscribe("$SYS/mesh/#", 0)
+    sub.subscribe("metrics/x", 1)
+    wait_route(cluster3.values(), "metrics/x", {"A"})
+    pub = Client("p", version=5)
+    pub.connect(cluster3["C"].port)
+    pub.publish("metrics/x", b"1", qos=1)
+    text = urllib.request.urlopen(f"http://{cluster3['C'].http_addr}/metrics", timeout=5).read().decode()
+    samples = dict(re.findall(r"^(meshd_[^\s]+) (\S+)$", text, re.M))
+    assert samples['meshd_members{state="alive"}'] == "3"
+    assert float(samples["meshd_forwarded_out_total"]) >= 1
+    assert float(samples["meshd_routes"]) >= 1
+    seen = {}
+    deadline = time.monotonic() + 5
+    while seen.get("$SYS/mesh/members/count") != b"3" and time.monotonic() < deadline:
+        m = sub.expect(1)[0]
+        seen[m.topic] = m.payload
+    assert seen["$SYS/mesh/members/count"] == b"3"
+    assert seen["$SYS/mesh/members"] == b'["A", "B", "C"]'
