@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Route convergence across a cluster of real meshd processes on 127.0.0.1.
+
+For each round: a client subscribes on node 0 to a fresh topic; as soon as its SUBACK
+arrives, one publisher on every other node publishes to that topic every few
+milliseconds (QoS 0) until the subscriber has received a message from that node.  The
+figure per node is the time from SUBACK to the first delivery of its publish: how long
+the route took to reach that node (plus one forward).
+
+    python scripts/bench/route_convergence.py --nodes 10 --rounds 20
+    python scripts/bench/route_convergence.py --nodes 10 --rounds 20 --preset local
+
+Prints median and p99 (seconds) and writes one JSON line per run to
+scripts/bench/results/route_convergence.jsonl.  Traffic stays on 127.0.0.1; the run
+stops by itself (each round is bounded by --round-timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from mesh.http_client import request_json  # noqa: E402
+from tests.support import Client, MeshdProcess, free_port  # noqa: E402
+
+
+def start_cluster(n: int, preset: str, workdir: str) -> list[MeshdProcess]:
+    ports = [free_port() for _ in range(n)]
+    nodes = [
+        MeshdProcess(os.path.join(workdir, f"n{i}"), "--gossip-preset", preset, "--seed", f"127.0.0.1:{ports[0]}",
+                     "--log-level", "warning", http=True, gossip_port=ports[i], node_id=f"n{i}")
+        for i in range(n)
+    ]
+    for node in nodes:
+        node.start()
+    deadline = time.monotonic() + 60
+    for node in nodes:
+        while True:
+            _, body = request_json(node.http_addr, "GET", "/api/v1/members")
+            if sum(m["state"] == "alive" for m in body["members"]) == n:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster did not converge")
+            time.sleep(0.1)
+    return nodes
+
+
+def one_round(nodes: list[MeshdProcess], publishers: list[Client], topic: str, timeout: float) -> dict[str, float]:
+    sub = Client(f"conv-sub-{topic.replace('/', '-')}", version=5)
+    sub.connect(nodes[0].port)
+    first: dict[str, float] = {}
+    stop = threading.Event()
+    t_suback = [0.0]
+
+    def publish_loop(i: int, pub: Client) -> None:
+        payload = nodes[i].node_id.encode()
+        while not stop.is_set() and nodes[i].node_id not in first:
+            pub.publish(topic, payload, qos=0, wait=False)
+            time.sleep(0.005)
+
+    sub.subscribe(topic, 0)
+    t_suback[0] = time.monotonic()
+    threads = [threading.Thread(target=publish_loop, args=(i, p), daemon=True) for i, p in enumerate(publishers) if i > 0]
+    for t in threads:
+        t.start()
+    deadline = t_suback[0] + timeout
+    while len(first) < len(nodes) - 1 and time.monotonic() < deadline:
+        try:
+            msg = sub.messages.get(timeout=max(0.01, deadline - time.monotonic()))
+        except Exception:
+            break
+        node_id = msg.payload.decode()
+        first.setdefault(node_id, time.monotonic() - t_suback[0])
+    stop.set()
+    for t in threads:
+        t.join()
+    sub.disconnect()
+    return first
+
+
+def run(nodes_n: int, rounds: int, preset: str, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="meshd-conv-") as workdir:
+        nodes = start_cluster(nodes_n, preset, workdir)
+        try:
+            publishers = []
+            for i, node in enumerate(nodes):
+                p = Client(f"conv-pub-{i}", version=5)
+                p.connect(node.port)
+                publishers.append(p)
+            samples: list[float] = []
+            missing = 0
+            for r in range(rounds):
+                got = one_round(nodes, publishers, f"conv/{r}/{time.time_ns()}", timeout)
+                samples.extend(got.values())
+                missing += nodes_n - 1 - len(got)
+            for p in publishers:
+                p.disconnect()
+        finally:
+            for node in nodes:
+                node.__exit__()
+    samples.sort()
+    result = {
+        "nodes": nodes_n, "rounds": rounds, "preset": preset, "samples": len(samples), "missing": missing,
+        "median_s": statistics.median(samples) if samples else None,
+        "p99_s": samples[min(len(samples) - 1, int(0.99 * len(samples)))] if samples else None,
+        "max_s": samples[-1] if samples else None,
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--preset", default="lan", choices=("lan", "wan", "local"))
+    ap.add_argument("--round-timeout", type=float, default=10.0)
+    args = ap.parse_args()
+    result = run(args.nodes, args.rounds, args.preset, args.round_timeout)
+    out = ROOT / "scripts" / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "route_convergence.jsonl", "a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(f"{args.nodes} nodes, {args.preset} preset: SUBACK -> first delivery from every other node: "
+          f"median {result['median_s']:.3f} s, p99 {result['p99_s']:.3f} s, max {result['max_s']:.3f} s "
+          f"({result['samples']} samples, {result['missing']} missing)")
+    return 0 if result["missing"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
