@@ -91,7 +91,7 @@ def _payload() -> bytes:
 
 
 class _Publisher:
-    __slots__ = ("sock", "template", "ack", "sent", "acked_base", "pending", "qos")
+    __slots__ = ("sock", "template", "ack", "sent", "pending", "qos")
 
     def __init__(self, sock: socket.socket, template: wire.PublishTemplate) -> None:
         self.sock = sock
@@ -147,7 +147,18 @@ def throughput(
         _close_all(socks)
 
 
-def _throughput_loop(broker_pid, pubs, subs, qos, duration, window, batch, pub_inflight, drain_s, stall_s):  # type: ignore[no-untyped-def]
+def _throughput_loop(
+    broker_pid: int,
+    pubs: list[_Publisher],
+    subs: list[tuple[socket.socket, wire.SubscriberStream]],
+    qos: int,
+    duration: float,
+    window: int,
+    batch: int,
+    pub_inflight: int,
+    drain_s: float,
+    stall_s: float,
+) -> dict[str, Any]:
     sel = selectors.DefaultSelector()
     sub_streams = [stream for _, stream in subs]
     for sock, stream in subs:
@@ -165,7 +176,7 @@ def _throughput_loop(broker_pid, pubs, subs, qos, duration, window, batch, pub_i
     last_progress = t0
     last_min = 0
     t_last_recv = t0
-    t_send_end = None
+    t_send_end: float | None = None
     errors = 0
     turn = 0
     while True:

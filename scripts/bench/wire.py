@@ -8,6 +8,8 @@ frame by frame otherwise, so the generator spends its CPU on the socket, not on 
 
 from __future__ import annotations
 
+from typing import Callable
+
 from mesh.mqtt import Connect, Publish, Subscribe, Subscription, encode
 
 LEVEL = 4  # MQTT 3.1.1: the one protocol level all three brokers speak
@@ -106,7 +108,8 @@ class SubscriberStream:
     parsed one by one (latency runs, where the rate is low).
     """
 
-    def __init__(self, frame_size: int, qos: int, payload_size: int, on_payload=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, frame_size: int, qos: int, payload_size: int,
+                 on_payload: Callable[[bytes], None] | None = None) -> None:
         self.size = frame_size
         self.payload_size = payload_size
         self.qos = qos
