@@ -1,22 +1,48 @@
-"""The node's HTTP API: `GET /api/v1/status` and `GET /metrics` (Prometheus text)."""
+"""The node's HTTP API (JSON) and `/metrics` (Prometheus text).
+
+    GET  /api/v1/status           node id, version, uptime, clients, listeners
+    GET  /api/v1/members          the gossip member list
+    GET  /api/v1/routes           the cluster route table (filter -> nodes)
+    GET  /api/v1/config           cluster-wide settings (value, origin, HLC)
+    GET  /api/v1/config/{key}
+    PUT  /api/v1/config/{key}     {"value": ...}: change a cluster-wide setting
+    POST /api/v1/clients/{client_id}/kick   disconnect a client (v5: 0x98)
+    GET  /metrics
+
+With `api_token` set, every endpoint needs `Authorization: Bearer <token>`; with
+`api_open_reads` the GET endpoints do not.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from mesh import __version__
 from mesh.config import ConfigError
 from mesh.http_api import Request, Response, Router, error_response, json_response
-from mesh.metrics import add_metrics_route
+from mesh.metrics import CONTENT_TYPE
+from mesh.mqtt import ReasonCode
 from mesh.node_metrics import node_metrics
 
 if TYPE_CHECKING:
     from mesh.node import Node
 
+Handler = Callable[[Request], Awaitable[Response]]
+
 
 def build_router(node: "Node") -> Router:
     router = Router()
     metrics = node_metrics(node)
+
+    def add(method: str, path: str, handler: Handler) -> None:
+        async def guarded(request: Request) -> Response:
+            if not node.security.api_allows(request.method, request.headers.get("authorization")):
+                response = error_response(401, "missing or wrong bearer token")
+                response.headers["WWW-Authenticate"] = 'Bearer realm="meshd"'
+                return response
+            return await handler(request)
+
+        router.add(method, path, guarded)
 
     async def status(request: Request) -> Response:
         s = node.settings
@@ -24,8 +50,9 @@ def build_router(node: "Node") -> Router:
             name: {"address": f"{getattr(s, name).host}:{port}"}
             for name, port in node.ports.items()
         }
-        if "ws" in listeners:
-            listeners["ws"]["path"] = s.ws_path
+        for name in ("ws", "wss"):
+            if name in listeners:
+                listeners[name]["path"] = s.ws_path
         return json_response({
             "node_id": node.node_id,
             "version": __version__,
@@ -64,11 +91,23 @@ def build_router(node: "Node") -> Router:
             return error_response(400, str(exc))
         return json_response(register.as_dict())
 
-    router.add("GET", "/api/v1/routes", routes)
-    router.add("GET", "/api/v1/config", config_list)
-    router.add("GET", "/api/v1/config/{key}", config_get)
-    router.add("PUT", "/api/v1/config/{key}", config_put)
-    router.add("GET", "/api/v1/status", status)
-    router.add("GET", "/api/v1/members", members)
-    add_metrics_route(router, metrics)
+    async def kick(request: Request) -> Response:
+        client_id = request.path_params["client_id"]
+        conn = node.broker.connections.get(client_id)
+        if conn is None:
+            return error_response(404, f"{client_id}: not connected to this node")
+        conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
+        return json_response({"kicked": client_id})
+
+    async def prometheus(request: Request) -> Response:
+        return Response(200, metrics.render().encode("utf-8"), CONTENT_TYPE)
+
+    add("GET", "/api/v1/status", status)
+    add("GET", "/api/v1/members", members)
+    add("GET", "/api/v1/routes", routes)
+    add("GET", "/api/v1/config", config_list)
+    add("GET", "/api/v1/config/{key}", config_get)
+    add("PUT", "/api/v1/config/{key}", config_put)
+    add("POST", "/api/v1/clients/{client_id}/kick", kick)
+    add("GET", "/metrics", prometheus)
     return router

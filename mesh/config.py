@@ -364,6 +364,26 @@ class Settings:
     shutdown_timeout: float = _setting(5.0, Float(0.0), "seconds to drain connections on shutdown")
     durability: str = _setting("sync", Str(choices=("sync", "batch", "off"), metavar="MODE"), "session store writes: sync (fsync before ack), batch (group commit), off")
     durability_batch_ms: int = _setting(10, Int(1, None, "ms"), "group commit interval in batch mode")
+    # -- security and limits (README "Security") --
+    allow_anonymous: bool = _setting(True, Bool(), "accept clients without credentials (a warning is logged when listening beyond loopback)")
+    password_file: str | None = _setting(None, Str(optional=True, metavar="FILE"), "user:scrypt-hash lines (meshd passwd); re-read on SIGHUP and when it changes")
+    acl_file: str | None = _setting(None, Str(optional=True, metavar="FILE"), "TOML ACL rules ([[rule]] tables); re-read on SIGHUP and when it changes")
+    mqtts: HostPort | None = _setting(None, Addr(can_disable=True), "MQTT over TLS listener (conventionally 0.0.0.0:8883), or off")
+    wss: HostPort | None = _setting(None, Addr(can_disable=True), "MQTT over secure WebSocket listener (conventionally 0.0.0.0:8084), or off")
+    tls_cert: str | None = _setting(None, Str(optional=True, metavar="FILE"), "PEM certificate chain for mqtts/wss")
+    tls_key: str | None = _setting(None, Str(optional=True, metavar="FILE"), "PEM private key for mqtts/wss")
+    tls_ca: str | None = _setting(None, Str(optional=True, metavar="FILE"), "PEM CA bundle that client certificates must chain to")
+    tls_require_client_cert: bool = _setting(False, Bool(), "refuse TLS clients without a certificate signed by tls_ca")
+    tls_cn_as_username: bool = _setting(False, Bool(), "use the client certificate's CN as the user name (for ACLs)")
+    api_token: str | None = _setting(None, Str(optional=True, metavar="TOKEN"), "bearer token the HTTP API requires (mutating endpoints always, reads unless api_open_reads)", secret=True)
+    api_token_file: str | None = _setting(None, Str(optional=True, metavar="FILE"), "file holding the API token (instead of api_token)")
+    api_open_reads: bool = _setting(False, Bool(), "serve read-only API endpoints and /metrics without the token")
+    max_connections: int = _setting(100_000, Int(1), "client connections per node; more get CONNACK 0x97 (quota exceeded)")
+    max_subscriptions_per_client: int = _setting(10_000, Int(1), "subscriptions per session; more get SUBACK 0x97")
+    max_topic_levels: int = _setting(64, Int(1, 1024), "topic levels in a topic name or filter; deeper ones are refused")
+    publish_rate: float = _setting(0.0, Float(0.0), "PUBLISH packets per second per client, 0 = unlimited; over it the client is slowed (back-pressure)")
+    connection_rate: float = _setting(0.0, Float(0.0), "new connections per second per IP address, 0 = unlimited; more get CONNACK 0x9F")
+    memory_limit: int = _setting(0, Int(0, None, "bytes"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
 
     def as_dict(self, *, redact: bool = True) -> dict[str, Any]:
         """Plain JSON-able values (addresses as text); secrets masked unless redact=False."""

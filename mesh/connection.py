@@ -46,11 +46,14 @@ from mesh.mqtt import (
     encode,
     patch_publish,
 )
+from mesh.acl import ClientAcl
+from mesh.limits import TokenBucket
 from routing.links import AckGate
 from session_store.model import Delivery, Session
 
 if TYPE_CHECKING:
     from mesh.broker import Broker
+    from mesh.security import Security
 
 log = logging.getLogger("meshd.connection")
 
@@ -71,15 +74,23 @@ class ClientConnection:
         "session", "keep_alive", "will", "username", "send_window", "client_max_packet",
         "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_stop_writer",
         "_outbox", "_outbox_bytes", "_wake", "_reader_scope", "request_problem_info",
-        "connect_timeout", "_pending_acks",
+        "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay",
     )
 
-    def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0) -> None:
+    def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0,
+                 security: "Security | None" = None, peer_ip: str = "", cert_cn: str | None = None) -> None:
         self.broker = broker
         self.stream = stream
         self.peer = peer
         self.transport = transport
         self.connect_timeout = connect_timeout
+        self.security = security
+        self.peer_ip = peer_ip
+        self.cert_cn = cert_cn
+        self.acl: ClientAcl | None = None  # None: no ACL configured, everything allowed
+        rate = security.settings.publish_rate if security is not None else 0.0
+        self._publish_bucket = TokenBucket(rate, max(1.0, rate)) if rate else None
+        self._rate_delay = 0.0
         self.decoder = Decoder(role="server", max_packet_size=broker.limits.max_packet_size)
         self.protocol_level = 4
         self.client_id = ""
@@ -232,7 +243,7 @@ class ClientConnection:
     async def run(self) -> None:
         try:
             connect = await self._read_connect()
-            if connect is None or not self._handle_connect(connect, time.time()):
+            if connect is None or not await self._handle_connect(connect, time.time()):
                 return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
@@ -284,7 +295,35 @@ class ClientConnection:
             self.protocol_level = 5
             self.send(Connack(reason_code=exc.reason_code))
 
-    def _handle_connect(self, c: Connect, now: float) -> bool:
+    async def _authorize(self, c: Connect, client_id: str) -> bool:
+        """Admission, authentication and the will's ACL check; answers CONNACK itself
+        when it refuses (MQTT-3.2.2-7 reason codes; v3 return codes by the encoder)."""
+        security = self.security
+        if security is None:
+            return True
+        refusal = security.admit(self.peer_ip, self.broker.client_count(), time.monotonic())
+        if refusal is not None:
+            self.send(Connack(reason_code=refusal))
+            return False
+        if security.needs_hashing(c.username):
+            # scrypt costs ~0.1 s of CPU: never on the Trio thread.
+            result = await trio.to_thread.run_sync(security.authenticate, c.username, c.password, self.peer_ip, self.cert_cn)
+        else:
+            result = security.authenticate(c.username, c.password, self.peer_ip, self.cert_cn)
+        if not result.ok:
+            self.send(Connack(reason_code=result.reason_code))
+            return False
+        if result.username is not None:
+            self.username = result.username
+        self.acl = security.client_acl(self.username, client_id, self.peer_ip)
+        if c.will is not None and self.acl is not None and not self.acl.can_publish(c.will.topic):
+            security.denied("publish")
+            log.info("%s: %s refused: the will topic %r is not allowed by the ACL", self.peer, client_id, c.will.topic)
+            self.send(Connack(reason_code=ReasonCode.NOT_AUTHORIZED))
+            return False
+        return True
+
+    async def _handle_connect(self, c: Connect, now: float) -> bool:
         limits = self.broker.limits
         level = c.protocol_level
         self.protocol_level = level
@@ -302,6 +341,8 @@ class ClientConnection:
             return False
         self.client_id = client_id
         self.username = c.username
+        if not await self._authorize(c, client_id):
+            return False
         self.will = c.will
         if c.will is not None and c.will.retain and not limits.retain_available:
             self.send(Connack(reason_code=ReasonCode.RETAIN_NOT_SUPPORTED))
@@ -377,6 +418,10 @@ class ClientConnection:
                         return
                     if self._handle_buffered():
                         return
+                    if self._rate_delay:
+                        # publish_rate: read nothing more from this client for a while.
+                        delay, self._rate_delay = self._rate_delay, 0.0
+                        await trio.sleep(delay)
             if keepalive.cancelled_caught:
                 log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, grace)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
@@ -493,6 +538,16 @@ class ClientConnection:
             if len(session.qos2_in) >= broker.limits.receive_maximum:
                 self._protocol_violation(_error(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded"))
                 return
+        if self.security is not None:
+            refusal = self._publish_refusal(topic, now)
+            if refusal is not None:
+                # v5 says why on QoS 1/2; v3 has no negative ack: the message is dropped.
+                rc = refusal if self.protocol_level == 5 else ReasonCode.SUCCESS
+                if qos == 1:
+                    self.send(Puback(packet_id=p.packet_id, reason_code=rc))
+                elif qos == 2:
+                    self.send(Pubrec(packet_id=p.packet_id, reason_code=rc))
+                return
         store = broker.store
         epoch_before = store.write_epoch
         msg = broker.make_message(topic, p.payload, qos, p.retain, props, self.client_id, now)
@@ -534,6 +589,39 @@ class ClientConnection:
             self.send(ack)
         return not pending
 
+    def _publish_refusal(self, topic: str, now: float) -> int | None:
+        """Limits and ACL for one PUBLISH: a reason code to refuse it with, or None."""
+        security = self.security
+        assert security is not None
+        if self._publish_bucket is not None and not self._publish_bucket.take(now):
+            # Over publish_rate: slow the reader down instead of refusing (back-pressure).
+            security.limits_hit["publish_rate"] += 1
+            self._rate_delay = self._publish_bucket.delay_until_available(now)
+        if topic.count("/") >= security.settings.max_topic_levels:
+            security.limits_hit["max_topic_levels"] += 1
+            return ReasonCode.TOPIC_NAME_INVALID
+        if self.acl is not None and not self.acl.can_publish(topic):
+            security.denied("publish")
+            log.debug("%s: %s may not publish to %r", self.peer, self.client_id, topic)
+            return ReasonCode.NOT_AUTHORIZED
+        return None
+
+    def _subscribe_refusal(self, topic_filter: str) -> int | None:
+        security = self.security
+        session = self.session
+        assert security is not None and session is not None
+        if topic_filter.count("/") >= security.settings.max_topic_levels:
+            security.limits_hit["max_topic_levels"] += 1
+            return ReasonCode.TOPIC_FILTER_INVALID
+        if topic_filter not in session.subscriptions and len(session.subscriptions) >= security.settings.max_subscriptions_per_client:
+            security.limits_hit["max_subscriptions_per_client"] += 1
+            return ReasonCode.QUOTA_EXCEEDED
+        if self.acl is not None and not self.acl.can_subscribe(topic_filter):
+            security.denied("subscribe")
+            log.debug("%s: %s may not subscribe to %r", self.peer, self.client_id, topic_filter)
+            return ReasonCode.NOT_AUTHORIZED
+        return None
+
     def _on_pubrel(self, p: Pubrel) -> None:
         session = self.session
         assert session is not None
@@ -574,6 +662,10 @@ class ClientConnection:
         retained: list[Delivery] = []
         epoch_before = self.broker.store.write_epoch
         for sub in p.subscriptions:
+            refusal = self._subscribe_refusal(sub.topic_filter) if self.security is not None else None
+            if refusal is not None:
+                codes.append(refusal)
+                continue
             code, found = self.broker.subscribe(session, sub, sub_id, now)
             codes.append(code)
             retained.extend(found)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -22,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshd ctl", description="Operate a running meshd node through its HTTP API.")
     p.add_argument("--http", default=DEFAULT_HTTP, help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
     p.add_argument("--json", action="store_true", help="print the node's JSON answer as it is")
+    p.add_argument("--token", default=os.environ.get("MESHD_API_TOKEN"),
+                   help="bearer token for a node with api_token set (default: env MESHD_API_TOKEN)")
     sub = p.add_subparsers(dest="command", required=True)
     config = sub.add_parser("config", help="cluster-wide settings").add_subparsers(dest="action", required=True)
     s = config.add_parser("set", help="set a cluster-wide setting")
@@ -34,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _call(http: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    return request_json(http, method, path, body)
+def _call(http: str, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+    return request_json(http, method, path, body, token=token)
 
 
 def _format_register(r: dict[str, Any]) -> str:
@@ -47,13 +50,13 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "routes":
-            status, body = _call(args.http, "GET", "/api/v1/routes")
+            status, body = _call(args.http, "GET", "/api/v1/routes", token=args.token)
         elif args.action == "set":
-            status, body = _call(args.http, "PUT", f"/api/v1/config/{args.key}", {"value": args.value})
+            status, body = _call(args.http, "PUT", f"/api/v1/config/{args.key}", {"value": args.value}, token=args.token)
         elif args.action == "get":
-            status, body = _call(args.http, "GET", f"/api/v1/config/{args.key}")
+            status, body = _call(args.http, "GET", f"/api/v1/config/{args.key}", token=args.token)
         else:
-            status, body = _call(args.http, "GET", "/api/v1/config")
+            status, body = _call(args.http, "GET", "/api/v1/config", token=args.token)
     except HttpClientError as exc:
         print(f"meshd ctl: {exc}", file=sys.stderr)
         return 1

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import trio
-from trio_websocket import WebSocketRequest, serve_websocket
+from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
 from mesh import __version__
 from mesh.broker import Broker, BrokerLimits
@@ -35,6 +35,8 @@ from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
 from gossip.service import GossipService
 from mesh.config_sync import ConfigSync
+from mesh.security import Security
+from mesh.tls import accept_tls, peer_common_name
 from routing.cluster import Cluster
 from gossip.trace import NullTraceWriter, TraceWriter
 from session_store.rocks import RocksStore, StoreOpenError
@@ -65,6 +67,7 @@ class Node:
     def __init__(self, settings: Settings, node_id: str | None = None) -> None:
         self.settings = settings
         self.node_id = node_id or resolve_node_id(settings)
+        self.security = Security(settings)
         store_path = os.path.join(settings.data_dir, "sessions")
         try:
             self.store = RocksStore(store_path)
@@ -126,9 +129,18 @@ class Node:
                     services.start_soon(self._serve_tcp, listeners, connections)
                 if s.ws is not None:
                     self.ports["ws"] = await self._start_ws(services, connections, s.ws)
+                if s.mqtts is not None:
+                    listeners = await self._open_listeners("mqtts", s.mqtts)
+                    self.ports["mqtts"] = listeners[0].socket.getsockname()[1]
+                    services.start_soon(self._serve_tls, listeners, connections, self._handle_mqtts)
+                if s.wss is not None:
+                    listeners = await self._open_listeners("wss", s.wss)
+                    self.ports["wss"] = listeners[0].socket.getsockname()[1]
+                    services.start_soon(self._serve_tls, listeners, connections, self._handle_wss)
                 if s.http is not None:
                     self.ports["http"] = await self._start_http(services, s.http)
                 services.start_soon(self._timer_loop)
+                services.start_soon(self.security.watch_files)
                 services.start_soon(self._commit_loop)
                 if s.sys_interval > 0:
                     services.start_soon(self._sys_loop)
@@ -137,6 +149,8 @@ class Node:
                     self.node_id, __version__,
                     ", ".join(f"{name} {getattr(s, name).host}:{port}" for name, port in self.ports.items()),
                 )
+                for line in self.security.startup_warnings([getattr(s, n).host for n in ("mqtt", "ws", "mqtts", "wss") if getattr(s, n) is not None]):
+                    log.warning("%s", line)
                 task_status.started(dict(self.ports))
                 await self._shutdown.wait()
                 log.info("shutting down: leaving the cluster, closing listeners")
@@ -164,15 +178,36 @@ class Node:
         await trio.serve_listeners(self._handle_tcp, listeners, handler_nursery=connections)
 
     async def _handle_tcp(self, stream: trio.SocketStream) -> None:
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
-        await self._run_connection(stream, peer, "tcp")
+        host, peer = _peer_of(stream)
+        await self._run_connection(stream, peer, "tcp", host)
 
-    async def _run_connection(self, stream: Any, peer: str, transport: str) -> None:
-        conn = ClientConnection(self.broker, stream, peer, transport, connect_timeout=self.settings.connect_timeout)
+    async def _serve_tls(self, listeners: list[trio.SocketListener], connections: trio.Nursery, handler: Any) -> None:
+        await trio.serve_listeners(handler, listeners, handler_nursery=connections)
+
+    async def _handle_mqtts(self, stream: trio.SocketStream) -> None:
+        host, peer = _peer_of(stream)
+        assert self.security.tls_context is not None
+        tls = await accept_tls(stream, self.security.tls_context, timeout=self.settings.connect_timeout)
+        if tls is not None:
+            await self._run_connection(tls, peer, "mqtts", host, peer_common_name(tls))
+
+    async def _handle_wss(self, stream: trio.SocketStream) -> None:
+        host, peer = _peer_of(stream)
+        assert self.security.tls_context is not None
+        tls = await accept_tls(stream, self.security.tls_context, timeout=self.settings.connect_timeout)
+        if tls is None:
+            return
+        cn = peer_common_name(tls)
+        async with trio.open_nursery() as nursery:
+            request = await wrap_server_stream(nursery, tls, max_message_size=self.settings.max_packet_size + 16)
+            ws = await accept_mqtt(request, self.settings.ws_path)
+            if ws is not None:
+                await self._run_connection(WebSocketByteStream(ws), peer, "wss", host, cn)
+            nursery.cancel_scope.cancel()
+
+    async def _run_connection(self, stream: Any, peer: str, transport: str, peer_ip: str = "", cert_cn: str | None = None) -> None:
+        conn = ClientConnection(self.broker, stream, peer, transport, connect_timeout=self.settings.connect_timeout,
+                                security=self.security, peer_ip=peer_ip, cert_cn=cert_cn)
         try:
             await conn.run()
         except Exception:
@@ -187,8 +222,9 @@ class Node:
             if ws is None:
                 return
             remote = request.remote
-            peer = f"{getattr(remote, 'address', remote)}:{getattr(remote, 'port', '')}"
-            await self._run_connection(WebSocketByteStream(ws), peer, "ws")
+            host = str(getattr(remote, "address", remote))
+            peer = f"{host}:{getattr(remote, 'port', '')}"
+            await self._run_connection(WebSocketByteStream(ws), peer, "ws", host)
 
         try:
             server = await services.start(
@@ -276,15 +312,27 @@ class Node:
             await trio.sleep(self.settings.sys_interval)
 
 
+def _peer_of(stream: trio.SocketStream) -> tuple[str, str]:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return str(host), f"{host}:{port}"
+    except OSError:
+        return "", "?"
+
+
 async def _run_until_signal(settings: Settings) -> None:
     node = Node(settings)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
 
             async def watch_signals() -> None:
                 async for signum in signals:
                     log.info("received %s", signal.Signals(signum).name)
+                    if signum == signal.SIGHUP:
+                        # Re-read the password file and the ACL; keep running.
+                        await trio.to_thread.run_sync(node.security.reload)
+                        continue
                     node.request_shutdown()
                     return
 

@@ -59,6 +59,15 @@ def node_metrics(node: "Node") -> Metrics:
                        lambda: cluster.malformed_items + cluster.inbound.malformed)
     m.counter_callback("meshd_gossip_malformed_total", "malformed gossip packets dropped",
                        lambda: node.gossip.stats.get("malformed", 0))
+    security = node.security
+    m.counter_callback(
+        "meshd_auth_total", "CONNECT authentication decisions, by outcome",
+        lambda: {k: v for k, v in vars(security.authn.stats).items()}, ("outcome",),
+    )
+    m.counter_callback("meshd_acl_denied_total", "publishes and subscriptions refused by the ACL, by action",
+                       lambda: dict(security.acl_denied), ("action",))
+    m.counter_callback("meshd_limits_hit_total", "times a limit refused or slowed a client, by limit",
+                       lambda: dict(security.limits_hit), ("limit",))
     return m
 
 

@@ -1,0 +1,164 @@
+"""The node's security and limits, built from settings: who may connect (password
+file, anonymous access, per-IP rates, connection quota, memory guard), what they may
+do (ACL), TLS contexts for `mqtts`/`wss`, and the HTTP API token.
+
+One object per node; connections ask it at CONNECT, SUBSCRIBE and PUBLISH. Every
+refusal is counted here for `/metrics`. Files are re-read on SIGHUP (`reload`) and when
+they change on disk (`watch_files`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import ssl
+import time
+from typing import Any
+
+import trio
+
+from mesh.acl import AclError, AclFile, ClientAcl
+from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning
+from mesh.config import ConfigError, Settings
+from mesh.limits import MemoryGuard, PerKeyRateLimiter, rate_limit_key_for_ip
+from mesh.tls import TlsConfigError, server_context
+
+log = logging.getLogger("meshd.security")
+
+WATCH_INTERVAL = 2.0
+LIMITS = ("max_connections", "connection_rate", "memory_limit", "max_subscriptions_per_client",
+          "max_topic_levels", "publish_rate", "max_packet_size")
+
+
+class Security:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        try:
+            self.authn = Authenticator(settings.allow_anonymous, settings.password_file)
+        except (PasswordFileError, OSError) as exc:
+            raise ConfigError("password_file", str(exc)) from None
+        try:
+            self.acl_file = AclFile(settings.acl_file)
+        except (AclError, OSError) as exc:
+            raise ConfigError("acl_file", str(exc)) from None
+        self.tls_context: ssl.SSLContext | None = None
+        if settings.mqtts is not None or settings.wss is not None:
+            if not settings.tls_cert or not settings.tls_key:
+                raise ConfigError("tls_cert", "mqtts/wss listeners need tls_cert and tls_key")
+            try:
+                self.tls_context = server_context(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.tls_require_client_cert)
+            except TlsConfigError as exc:
+                message = str(exc)
+                key = message.split(" ", 1)[0] if message.startswith("tls_") else "tls_cert"
+                raise ConfigError(key, message) from None
+        if settings.tls_cn_as_username and not settings.tls_require_client_cert:
+            raise ConfigError("tls_cn_as_username", "needs tls_require_client_cert (and tls_ca) to verify the certificate")
+        self.api_token = self._read_token(settings)
+        rate = settings.connection_rate
+        self.connection_rate: PerKeyRateLimiter[str] | None = PerKeyRateLimiter(rate, max(1.0, rate)) if rate else None
+        self.memory = MemoryGuard(settings.memory_limit or None)
+        self.limits_hit = {name: 0 for name in LIMITS}
+        self.acl_denied = {"publish": 0, "subscribe": 0}
+
+    @staticmethod
+    def _read_token(settings: Settings) -> str | None:
+        if settings.api_token:
+            return settings.api_token
+        if settings.api_token_file:
+            try:
+                with open(settings.api_token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise ConfigError("api_token_file", f"cannot read {settings.api_token_file}: {exc.strerror or exc}") from None
+            if not token:
+                raise ConfigError("api_token_file", f"{settings.api_token_file} is empty")
+            return token
+        return None
+
+    def startup_warnings(self, listen_hosts: list[str]) -> list[str]:
+        warnings = []
+        line = anonymous_exposure_warning(self.settings.allow_anonymous, listen_hosts)
+        if line:
+            warnings.append(line)
+        if self.settings.memory_limit and not self.memory.available:
+            warnings.append("memory_limit is set but this system's RSS cannot be read; the guard is off")
+        return warnings
+
+    # ---------------------------------------------------------------- connect
+
+    def admit(self, peer_ip: str, connected: int, now: float) -> int | None:
+        """Before authentication: a v5 reason code to refuse the connection with, or None."""
+        if connected >= self.settings.max_connections:
+            self.limits_hit["max_connections"] += 1
+            log.warning("refused a connection from %s: max_connections (%d) reached", peer_ip, self.settings.max_connections)
+            return 0x97  # quota exceeded
+        if self.connection_rate is not None and not self.connection_rate.take(rate_limit_key_for_ip(peer_ip), now):
+            self.limits_hit["connection_rate"] += 1
+            log.info("refused a connection from %s: over connection_rate (%g/s)", peer_ip, self.settings.connection_rate)
+            return 0x9F  # connection rate exceeded
+        if self.memory.over_threshold():
+            self.limits_hit["memory_limit"] += 1
+            log.warning("refused a connection from %s: %s", peer_ip, self.memory.describe())
+            return 0x89  # server busy
+        return None
+
+    def needs_hashing(self, username: str | None) -> bool:
+        """Whether `authenticate` costs a KDF run (then call it in a worker thread)."""
+        return bool(username) and self.authn.passwords is not None
+
+    def authenticate(self, username: str | None, password: bytes | None, peer_ip: str, cert_cn: str | None) -> AuthResult:
+        if self.settings.tls_cn_as_username and cert_cn is not None:
+            return self.authn.accept_certificate(cert_cn, peer_ip)
+        return self.authn.check(username, password, peer_ip, time.monotonic())
+
+    def client_acl(self, username: str | None, client_id: str, peer_ip: str) -> ClientAcl | None:
+        """The client's compiled rules, or None when no ACL is configured (allow all)."""
+        if self.settings.acl_file is None:
+            return None
+        return self.acl_file.acl.for_client(username, client_id, _plain_ip(peer_ip))
+
+    def denied(self, action: str) -> None:
+        self.acl_denied[action] += 1
+
+    # ------------------------------------------------------------- reloading
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the password file and the ACL."""
+        self.authn.reload()
+        self.acl_file.reload()
+
+    async def watch_files(self) -> None:
+        while True:
+            await trio.sleep(WATCH_INTERVAL)
+            await trio.to_thread.run_sync(self._reload_changed)
+
+    def _reload_changed(self) -> None:
+        self.authn.reload_if_changed()
+        self.acl_file.reload_if_changed()
+
+    # ------------------------------------------------------------- HTTP API
+
+    def api_allows(self, method: str, authorization: str | None) -> bool:
+        """Mutating endpoints need the bearer token; reads too unless api_open_reads.
+        Without a token configured, the API is open (it listens on loopback by default)."""
+        if self.api_token is None:
+            return True
+        if method in ("GET", "HEAD") and self.settings.api_open_reads:
+            return True
+        return authorization is not None and _constant_time_equal(authorization, f"Bearer {self.api_token}")
+
+    def metrics_state(self) -> dict[str, Any]:
+        return {"auth": self.authn.stats, "limits": self.limits_hit, "acl": self.acl_denied}
+
+
+def _plain_ip(peer: str) -> str:
+    try:
+        return str(ipaddress.ip_address(peer))
+    except ValueError:
+        return "0.0.0.0"
+
+
+def _constant_time_equal(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a.encode(), b.encode())
