@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--source", default="worktree", help="'worktree' or a git revision to export and measure")
     args = parser.parse_args(argv)
+    if args.source != "worktree":
+        print(f"meshd at {brokers.export_commit(args.source, Path(tempfile.mkdtemp(prefix='meshd-src-')))}")
     brokers.raise_fd_limit()
     work = Path(tempfile.mkdtemp(prefix="meshd-mem-"))
     wrapper = work / "meshd_traced.py"
@@ -112,8 +115,10 @@ def _short(path: str) -> str:
     for marker in ("site-packages/", "/lib/python3.11/"):
         if marker in path:
             return path.split(marker, 1)[1]
-    repo = str(brokers.REPO) + "/"
-    return path[len(repo):] if path.startswith(repo) else path
+    for root in (str(brokers.REPO) + "/", str(brokers.MESHD_SOURCE) + "/"):
+        if path.startswith(root):
+            return path[len(root):]
+    return path
 
 
 if __name__ == "__main__":

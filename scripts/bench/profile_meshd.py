@@ -7,7 +7,8 @@ For each scenario: start meshd pinned to core 1, attach `py-spy record --pid` (r
 collapsed stacks; with --svg a flamegraph too, from a second recording), run the
 scenario, stop both, and print the top functions by self time (the leaf frame of each
 sample) and by total time (anywhere on the stack), with file:line. Idle samples (the
-thread waiting in epoll) are not recorded, so shares are of the broker's busy time.
+thread waiting in epoll, idle trio worker threads waiting for a job) are left out, so
+shares are of the broker's busy time.
 Raw stacks go to scripts/bench/profiles/<scenario>.txt.
 """
 
@@ -48,8 +49,10 @@ def _short(path: str) -> str:
     for marker in ("site-packages/", "/lib/python3.11/"):
         if marker in path:
             return path.split(marker, 1)[1]
-    repo = str(brokers.REPO) + "/"
-    return path[len(repo):] if path.startswith(repo) else path
+    for root in (str(brokers.REPO) + "/", str(brokers.MESHD_SOURCE) + "/"):
+        if path.startswith(root):
+            return path[len(root):]
+    return path
 
 
 def parse_collapsed(text: str) -> list[tuple[list[str], int]]:
@@ -58,8 +61,17 @@ def parse_collapsed(text: str) -> list[tuple[list[str], int]]:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        stacks.append((stack.split(";"), int(count)))
+        frames = stack.split(";")
+        if _waiting_worker(frames[-1]):
+            continue
+        stacks.append((frames, int(count)))
     return stacks
+
+
+def _waiting_worker(leaf: str) -> bool:
+    """An idle trio worker thread blocked on its lock: py-spy does not count a lock wait
+    with a timeout as idle, but it is (the thread's own self time is only that wait)."""
+    return leaf.startswith("WorkerThread._work ") and "_thread_cache.py" in leaf
 
 
 def _key(frame: str, with_line: bool) -> str:
@@ -149,15 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--svg", action="store_true", help="also record a flamegraph SVG")
     parser.add_argument("--quick", action="store_true", help="2 s scenarios instead of 4 s")
     parser.add_argument("--out", type=Path, default=HERE / "profiles")
+    parser.add_argument("--source", default="worktree",
+                        help="'worktree' (default: the files as they are) or a git revision to export and profile")
     args = parser.parse_args(argv)
     py_spy = ensure_py_spy()
+    import run  # the commit stamp, as the runner records it
+    if args.source == "worktree":
+        state = run.source_state()
+    else:
+        state = {"commit": brokers.export_commit(args.source, Path(tempfile.mkdtemp(prefix="meshd-src-"))), "dirty": []}
     args.out.mkdir(parents=True, exist_ok=True)
     brokers.raise_fd_limit()
     if brokers.can_pin():
         os.sched_setaffinity(0, {brokers.GENERATOR_CORE})
     reports = [profile(name, py_spy, args.rate, args.svg, args.quick, args.out) for name in args.scenarios.split(",")]
-    import run  # the commit stamp, as the runner records it
-    state = run.source_state()
     stamp = f"meshd at {state['commit']}" + (f" + uncommitted edits in {', '.join(state['dirty'])}" if state["dirty"] else "")
     text = f"Profiled {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {stamp}; py-spy {args.rate} Hz.\n\n" + "\n".join(reports)
     (args.out / "latest.md").write_text(text)
