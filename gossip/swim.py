@@ -809,9 +809,15 @@ class Swim:
             del self._lost[node]
         candidates = [m.addr for m in self._iter_others() if m.state == DEAD]
         candidates += [addr for addr, _ in self._lost.values()]
-        if candidates:
-            addr = candidates[int(self.rng.random() * len(candidates))]
-            self._pp_out.append((addr, self._push_pull_frame(now, join=False)))
+        if not candidates:
+            return
+        # serf: try with probability failed / alive, so the cluster as a whole tries
+        # each lost member about once per interval instead of every member doing so
+        alive = sum(1 for m in self._iter_others() if m.state in (ALIVE, SUSPECT))
+        if alive and self.rng.random() > len(candidates) / alive:
+            return
+        addr = candidates[int(self.rng.random() * len(candidates))]
+        self._pp_out.append((addr, self._push_pull_frame(now, join=False)))
 
     def _decode_stream(self, body: bytes) -> dict | None:
         try:
