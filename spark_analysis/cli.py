@@ -41,6 +41,8 @@ def _spark_conf(pairs: list[str], master: str) -> dict[str, str]:
         # The embedded default caches the traces in the driver JVM; 1g (Spark's default)
         # is far too small for millions of rows (10 M rows need about 4 GB of heap).
         conf["spark.driver.memory"] = "6g"
+        # Smaller input splits: enough tasks to keep every local core busy.
+        conf["spark.sql.files.maxPartitionBytes"] = str(16 * 1024 * 1024)
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:

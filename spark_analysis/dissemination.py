@@ -33,11 +33,20 @@ def _event_heads(traces: DataFrame) -> DataFrame:
     )
 
 
-def observations(traces: DataFrame, lifetimes: DataFrame) -> DataFrame:
+def observations(
+    traces: DataFrame, lifetimes: DataFrame, heads: DataFrame | None = None
+) -> DataFrame:
     """Per (event, observing node alive at the origin time): first ``ts_us``, ``hops``,
-    ``delay_us`` and the event's ``kind``, ``origin``, ``origin_ts_us``."""
+    ``delay_us`` and the event's ``kind``, ``origin``, ``origin_ts_us``.
+
+    ``heads`` (from ``alive_counts``) saves recomputing the events. The result is
+    hash-partitioned by ``event_id``, so per-event aggregations after it need no
+    further shuffle of the observations."""
+    if heads is None:
+        heads = _event_heads(traces)
     firsts = (
         traces.filter(F.col("kind").isin(*DISSEMINATION_KINDS) & F.col("event_id").isNotNull())
+        .repartition("event_id")
         .groupBy("event_id", "node")
         .agg(F.min("ts_us").alias("ts_us"), F.min("hops").alias("hops"))
     )
@@ -47,7 +56,8 @@ def observations(traces: DataFrame, lifetimes: DataFrame) -> DataFrame:
         F.col("end_ts_us").alias("_l_end_ts_us"),
     )
     # Events are far fewer than observations (one per node each): ship them, don't shuffle.
-    joined = firsts.join(F.broadcast(_event_heads(traces)), "event_id").join(
+    events = heads.select("event_id", "kind", "origin", "origin_ts_us")
+    joined = firsts.join(F.broadcast(events), "event_id").join(
         F.broadcast(life), F.col("node") == F.col("_l_node")
     )
     return joined.filter(alive_at("_l_", F.col("origin_ts_us"))).select(

@@ -43,6 +43,8 @@ def build_session(
         # One machine: a few shuffle partitions beat the default 200 tiny tasks.
         builder = builder.config("spark.sql.shuffle.partitions", "8")
     for key, value in (conf or {}).items():
+        if key == "spark.driver.extraJavaOptions":
+            value = f"{java_opts} {value}"  # keep the quiet-logging option
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.dir / "out"
     cmd = [sys.executable, "-m", "spark_analysis.cli", str(traces), "--out", str(out),
            "--master", args.master, "--format", args.format]
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     stages: dict[str, float] = {}
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         "master": args.master,
         "wall_s": round(wall, 1),
         "startup_and_exit_s": round(wall - sum(stages.values()), 1),
+        # The machine is shared: the 1-minute load average says how much of it we had.
+        "load_avg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "stages_s": stages,
         **check_against_truth(out, args.dir / "expected.json"),
     }

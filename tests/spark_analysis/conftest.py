@@ -29,6 +29,10 @@ def spark():
             "spark.default.parallelism": "1",
             "spark.driver.memory": "1g",
             "spark.sql.adaptive.enabled": "false",
+            # Tiny data: compiling whole-stage code and C2-optimising the JVM cost
+            # more than they save.
+            "spark.sql.codegen.wholeStage": "false",
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         },
     )
     yield session
