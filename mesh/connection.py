@@ -419,9 +419,12 @@ class ClientConnection:
                     if self._handle_buffered():
                         return
                     if self._rate_delay:
-                        # publish_rate: read nothing more from this client for a while.
+                        # publish_rate: read nothing more from this client until the
+                        # PUBLISH that went over the rate has earned its token.
                         delay, self._rate_delay = self._rate_delay, 0.0
                         await trio.sleep(delay)
+                        assert self._publish_bucket is not None
+                        self._publish_bucket.take(time.time())
             if keepalive.cancelled_caught:
                 log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, grace)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
