@@ -165,7 +165,9 @@ class Swim:
         p = config.probe_interval
         self._schedule(now + rng.uniform(0, p), _T_PROBE, None)
         self._schedule(now + rng.uniform(0, config.gossip_interval), _T_GOSSIP, None)
-        self._schedule(now + config.push_pull_interval * (1 + rng.random()), _T_PUSH_PULL, None)
+        # memberlist staggers the first push-pull randomly within one interval
+        self._pp_token = 0
+        self._schedule(now + config.push_pull_interval * rng.random(), _T_PUSH_PULL, self._pp_token)
         self._schedule(now + config.reconnect_interval * (1 + rng.random()), _T_RECONNECT, None)
         # members forgotten after being dead: id -> (address, when lost), for reconnect
         self._lost: dict[str, tuple[Addr, float]] = {}
@@ -230,6 +232,10 @@ class Swim:
         self._probe_index = 0
         # everyone already knows us: no need to announce
         self._queue = TransmitLimitedQueue()
+        # restagger push-pull for the size we now know
+        self._pp_token += 1
+        interval = push_pull_scale(self.config.push_pull_interval, len(mem))
+        self._schedule(now + interval * self.rng.random(), _T_PUSH_PULL, self._pp_token)
 
     def leave(self, now: float) -> None:
         """Graceful leave: tell everyone we left (dead about ourselves, from ourselves)."""
@@ -591,7 +597,8 @@ class Swim:
         elif kind == _T_RELAY_EXPIRE:
             self._relays.pop(arg, None)
         elif kind == _T_PUSH_PULL:
-            self._periodic_push_pull(now)
+            if arg == self._pp_token:
+                self._periodic_push_pull(now)
         elif kind == _T_REAP:
             node, since = arg
             m = self.members.get(node)
@@ -751,7 +758,7 @@ class Swim:
 
     def _periodic_push_pull(self, now: float) -> None:
         n = len(self.members)
-        self._schedule(now + push_pull_scale(self.config.push_pull_interval, n), _T_PUSH_PULL, None)
+        self._schedule(now + push_pull_scale(self.config.push_pull_interval, n), _T_PUSH_PULL, self._pp_token)
         if self.leaving:
             return
         picked = self._random_members(1, exclude=None, states=(ALIVE,))
