@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 # Where meshd's code is imported from: the working tree, or a copy of one commit that
@@ -185,10 +185,12 @@ class RunningBroker:
         return self.proc.returncode
 
 
-def start(spec: BrokerSpec, workdir: Path, *, pin: bool = True, startup_timeout: float = 30.0) -> RunningBroker:
+def start(spec: BrokerSpec, workdir: Path, *, pin: bool = True, startup_timeout: float = 30.0,
+          extra: Sequence[str] = ()) -> RunningBroker:
+    """`extra` flags go after the spec's own, so for meshd they override them (last wins)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = spec.command(port, workdir)
+    cmd = [*spec.command(port, workdir), *extra]
     if pin and can_pin():
         cmd = ["taskset", "-c", str(BROKER_CORE), *cmd]  # taskset execs: same PID
     log_path = workdir / f"{spec.name}.log"

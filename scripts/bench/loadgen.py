@@ -24,7 +24,7 @@ import selectors
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import procstat
 import wire
@@ -57,13 +57,14 @@ def _recv_frame(sock: socket.socket, buf: bytearray, deadline: float) -> tuple[i
         buf += data
 
 
-def open_client(port: int, client_id: str, subscribe: tuple[str, int] | None = None) -> socket.socket:
+def open_client(port: int, client_id: str, subscribe: tuple[str, int] | None = None,
+                clean_start: bool = True) -> socket.socket:
     """A connected (CONNACK 0) client socket, subscribed when asked (SUBACK checked), non-blocking."""
     deadline = time.monotonic() + CONNECT_TIMEOUT
     sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray()
-    sock.sendall(wire.connect_packet(client_id))
+    sock.sendall(wire.connect_packet(client_id, clean_start=clean_start))
     first, body = _recv_frame(sock, buf, deadline)
     if first >> 4 != 2 or len(body) < 2 or body[1] != 0:
         raise ClientError(f"{client_id}: CONNACK refused or missing ({first:#x} {body!r})")
@@ -86,6 +87,13 @@ def _close_all(socks: list[socket.socket]) -> None:
             pass
 
 
+def _cpu(pids: int | Sequence[int]) -> float:
+    """Broker CPU seconds so far, summed over the nodes of a cluster run."""
+    if isinstance(pids, int):
+        return procstat.cpu_seconds(pids)
+    return sum(procstat.cpu_seconds(p) for p in pids)
+
+
 def _payload() -> bytes:
     return bytes([0xA5]) * PAYLOAD_SIZE  # no byte of it looks like a PUBLISH header
 
@@ -106,7 +114,7 @@ class _Publisher:
 
 def throughput(
     port: int,
-    broker_pid: int,
+    broker_pid: int | Sequence[int],
     *,
     publishers: int,
     subscribers: int,
@@ -119,9 +127,15 @@ def throughput(
     drain_s: float = 2.0,
     stall_s: float = 0.2,
     tag: str = "t",
+    sub_port: int | None = None,
+    persistent_subs: bool = False,
+    before_publish: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
     """`topics`: "one" (every publisher on bench/x, subscribers on it) or "per-publisher"
-    (bench/in/NN, subscribers on bench/in/+)."""
+    (bench/in/NN, subscribers on bench/in/+). `sub_port`: subscribers on another node
+    than the publishers (cross-node runs); `broker_pid` may then list every node, whose
+    CPU is summed. `persistent_subs`: subscribers connect with clean session 0.
+    `before_publish` runs once every subscriber has its SUBACK (e.g. wait for a route)."""
     payload = _payload()
     if topics == "one":
         pub_topics = ["bench/x"] * publishers
@@ -134,9 +148,11 @@ def throughput(
     try:
         subs = []
         for i in range(subscribers):
-            sock = open_client(port, f"{tag}-sub-{i}", (sub_filter, qos))
+            sock = open_client(sub_port or port, f"{tag}-sub-{i}", (sub_filter, qos), clean_start=not persistent_subs)
             socks.append(sock)
             subs.append((sock, wire.SubscriberStream(frame, qos, PAYLOAD_SIZE)))
+        if before_publish is not None:
+            before_publish()
         pubs = []
         for i in range(publishers):
             sock = open_client(port, f"{tag}-pub-{i}")
@@ -148,7 +164,7 @@ def throughput(
 
 
 def _throughput_loop(
-    broker_pid: int,
+    broker_pid: int | Sequence[int],
     pubs: list[_Publisher],
     subs: list[tuple[socket.socket, wire.SubscriberStream]],
     qos: int,
@@ -168,7 +184,7 @@ def _throughput_loop(
     # QoS 1 acks a subscriber could not send at once (socket full) wait here
     ack_backlog: dict[socket.socket, bytes] = {}
     perf = time.perf_counter
-    cpu0 = procstat.cpu_seconds(broker_pid)
+    cpu0 = _cpu(broker_pid)
     gen0 = time.process_time()
     t0 = perf()
     end_send = t0 + duration
@@ -271,7 +287,7 @@ def _throughput_loop(
             quiet = now - max(t_last_recv, t_send_end) > drain_s
             if done or quiet or now - t_send_end > 10 * drain_s:
                 break
-    cpu = procstat.cpu_seconds(broker_pid) - cpu0
+    cpu = _cpu(broker_pid) - cpu0
     gen_cpu = time.process_time() - gen0
     sel.close()
     received = sum(s.received for s in sub_streams)

@@ -63,7 +63,14 @@ def run_one(name: str, scenario_name: str, rep: int, quick: bool, work: Path) ->
         "broker": name, "scenario": scenario_name, "rep": rep, "quick": quick,
         "loadavg_before": os.getloadavg()[0],
     }
+    if scenario.own_brokers is not None:  # meshd-only: it starts and stops its own nodes
+        try:
+            record["result"] = scenario.own_brokers(work / f"{scenario_name}-{rep}", quick)
+        except Exception as e:
+            record["error"] = f"{type(e).__name__}: {e}"
+        return record
     broker = None
+    assert scenario.run is not None
     try:
         broker = brokers.start(brokers.BROKERS[name], work / f"{scenario_name}-{name}-{rep}")
         record["rss_start_kb"] = procstat.rss_bytes(broker.pid) / 1024
@@ -127,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             for scenario_name in chosen:
                 for rep in range(reps):
                     for name in names:
+                        if SCENARIOS[scenario_name].own_brokers is not None and name != "meshd":
+                            continue  # meshd against meshd: other brokers have no part in it
                         record = run_one(name, scenario_name, rep, args.quick, work)
                         records.append(record)
                         f.write(json.dumps(record) + "\n")
@@ -149,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _progress(r: dict) -> None:
     res = r.get("result") or {}
-    keys = ("msgs_per_s", "lost", "cpu_us_per_msg", "p50_us", "p99_us", "connects_per_s", "kb_per_conn", "gen_cpu_pct")
+    keys = ("msgs_per_s", "online_ratio", "publish_ratio", "drain_ratio", "ratio", "cpu_ratio", "lost", "cpu_us_per_msg", "p50_us", "p99_us", "connects_per_s", "kb_per_conn", "gen_cpu_pct")
     shown = " ".join(f"{k}={res[k]:.1f}" if isinstance(res.get(k), float) else f"{k}={res[k]}" for k in keys if k in res)
     print(f"{r['scenario']:<13} {r['broker']:<9} rep {r['rep']}: {r.get('error') or shown}", file=sys.stderr)
 

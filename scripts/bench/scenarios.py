@@ -5,17 +5,21 @@ A scenario has a name, a one-line description, the metrics the summary table sho
 the load generator against a freshly started broker and returns a dict of measurements
 (the JSON line of that run holds all of them, not only the shown ones).
 
-Issue 3 (RocksDB persistence) and issue 6 (cross-node throughput) will add entries
-here: a persistent-session QoS 1 run needs only other client flags; a cross-node run
-needs a `brokers` hook that starts two nodes and returns both ports.
+A scenario that needs its own meshd processes (other flags, a fresh data dir per
+measurement, two nodes) sets `own_brokers(workdir, quick)` instead: it runs for meshd
+only, starts and stops what it needs itself and reports meshd against meshd (issue 3:
+persistent/clean sessions in `persistence.py`; issue 6: two nodes/one in `cluster.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
+import cluster
 import loadgen
+import persistence
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,13 @@ class Metric:
 class Scenario:
     name: str
     description: str
-    run: Callable[[int, int, bool], dict[str, Any]]
+    run: Callable[[int, int, bool], dict[str, Any]] | None
     metrics: tuple[Metric, ...]
     # the metric of the target ratio: "meshd must beat amqtt by 3x" on this one
     headline: str = "msgs_per_s"
     tags: tuple[str, ...] = field(default=())
+    # meshd-only scenarios that start their own nodes: (scratch dir, quick) -> measurements
+    own_brokers: Callable[[Path, bool], dict[str, Any]] | None = None
 
 
 THROUGHPUT_METRICS = (
@@ -87,6 +93,38 @@ def _latency(qos: int):  # type: ignore[no-untyped-def]
 def _idle(port: int, pid: int, quick: bool) -> dict[str, Any]:
     return loadgen.idle_connections(port, pid, count=5000, timeout=30.0 if quick else 60.0)
 
+PERSIST_METRICS = (
+    Metric("online_persistent_msgs_per_s", "online, persistent: delivered msg/s", True),
+    Metric("online_clean_msgs_per_s", "online, clean: delivered msg/s", True),
+    Metric("online_ratio", "online persistent/clean (msg/s)", True, "{:.2f}"),
+    Metric("online_cpu_ratio", "online persistent/clean (msg per broker CPU-s)", True, "{:.2f}"),
+    Metric("offline_persistent_publish_per_s", "offline, persistent: publish msg/s (to last PUBACK)", True),
+    Metric("offline_clean_publish_per_s", "offline, clean: publish msg/s (nothing kept)", True),
+    Metric("publish_ratio", "offline publish persistent/clean", True, "{:.2f}"),
+    Metric("drain_per_s", "drain msg/s (reconnect to last message)", True),
+    Metric("drain_ratio", "drain / online clean msg/s", True, "{:.2f}"),
+    Metric("lost", "lost (all runs)", False),
+    Metric("puback_missing", "PUBACKs missing", False),
+)
+CROSS_METRICS = (
+    Metric("single_msgs_per_s", "one node: delivered msg/s", True),
+    Metric("cross_msgs_per_s", "A→B: delivered msg/s", True),
+    Metric("ratio", "A→B / one node (msg/s)", True, "{:.2f}"),
+    Metric("single_cpu_us_per_msg", "one node: broker CPU µs/msg", False, "{:.1f}"),
+    Metric("cross_cpu_us_per_msg", "A→B: CPU µs/msg (A + B)", False, "{:.1f}"),
+    Metric("cpu_ratio", "A→B / one node (msg per CPU-s)", True, "{:.2f}"),
+    Metric("lost", "lost (A→B)", False),
+    Metric("puback_missing", "PUBACKs missing (A→B)", False),
+)
+
+
+def _persist(durability: str) -> Callable[[Path, bool], dict[str, Any]]:
+    return lambda workdir, quick: persistence.run(workdir, quick, durability)
+
+
+def _cross(qos: int) -> Callable[[Path, bool], dict[str, Any]]:
+    return lambda workdir, quick: cluster.run(workdir, quick, qos)
+
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fanin-qos0", "fan-in 10→1, QoS 0 (10 topics, one bench/in/+ subscriber)",
@@ -105,4 +143,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              _latency(1), LATENCY_METRICS, headline="p99_us", tags=("latency",)),
     Scenario("idle-5000", "5,000 idle connections (CONNECT, keep alive 0, 200 handshaking at once)",
              _idle, IDLE_METRICS, headline="connects_per_s", tags=("connections",)),
+    Scenario("persist-sync", "fan-in 10→1 QoS 1, persistent vs clean session, --durability sync",
+             None, PERSIST_METRICS, headline="online_ratio", tags=("persistence",), own_brokers=_persist("sync")),
+    Scenario("persist-batch", "fan-in 10→1 QoS 1, persistent vs clean session, --durability batch (10 ms)",
+             None, PERSIST_METRICS, headline="online_ratio", tags=("persistence",), own_brokers=_persist("batch")),
+    Scenario("cross-qos0", "fan-in 10→1 QoS 0, publishers on node A, subscriber on node B, vs one node",
+             None, CROSS_METRICS, headline="ratio", tags=("cluster",), own_brokers=_cross(0)),
+    Scenario("cross-qos1", "fan-in 10→1 QoS 1, publishers on node A, subscriber on node B, vs one node",
+             None, CROSS_METRICS, headline="ratio", tags=("cluster",), own_brokers=_cross(1)),
 )}

@@ -101,3 +101,43 @@ def test_short_runs_against_a_real_meshd() -> None:
         assert idle["connected"] == 50
     finally:
         assert b.stop() is not None
+
+
+def test_persistent_subscriber_gets_everything_sent_while_offline() -> None:
+    import persistence
+    b = brokers.start(brokers.BROKERS["meshd"], Path(tempfile.mkdtemp()), pin=False,
+                      extra=persistence.meshd_flags("batch"))
+    try:
+        r = persistence.offline_then_online(b.port, b.pid, 300, persistent=True)
+        assert r["acked"] == r["published"] == 300 and r["session_present"]
+        assert r["delivered"] == 300 and r["lost"] == 0 and r["drain_per_s"] > 0
+        # the queue was taken: a second reconnect finds the session with nothing left
+        assert persistence.drain(b.port, 1)[0] == 0
+    finally:
+        assert b.stop() is not None
+
+
+def test_clean_subscriber_keeps_nothing_but_publishes_are_acked() -> None:
+    import persistence
+    b = brokers.start(brokers.BROKERS["meshd"], Path(tempfile.mkdtemp()), pin=False)
+    try:
+        r = persistence.offline_then_online(b.port, b.pid, 200, persistent=False)
+        assert r["acked"] == 200 and "delivered" not in r
+        received, _, present = persistence.drain(b.port, 1)
+        assert (received, present) == (0, False)
+    finally:
+        assert b.stop() is not None
+
+
+def test_cross_node_run_forwards_every_qos1_message() -> None:
+    import cluster
+    brokers.raise_fd_limit()
+    a, b, http_a = cluster.start_pair(Path(tempfile.mkdtemp()), pin=False)
+    try:
+        r = loadgen.throughput(a.port, [a.pid, b.pid], sub_port=b.port, publishers=3, subscribers=1, qos=1,
+                               topics="per-publisher", duration=0.3, drain_s=1.0,
+                               before_publish=lambda: cluster.wait_for_route(http_a, "B"))
+        assert r["delivered"] == r["expected"] == r["published"] > 0
+        assert r["lost"] == 0 and r["puback_missing"] == 0
+    finally:
+        assert b.stop() is not None and a.stop() is not None

@@ -19,8 +19,9 @@ PUBACK = 0x40
 PIDS = [i.to_bytes(2, "big") for i in range(65536)]
 
 
-def connect_packet(client_id: str, keep_alive: int = 0) -> bytes:
-    return encode(Connect(client_id=client_id, clean_start=True, keep_alive=keep_alive), LEVEL)
+def connect_packet(client_id: str, keep_alive: int = 0, clean_start: bool = True) -> bytes:
+    """CONNECT at 3.1.1; `clean_start=False` is clean session 0 (a persistent session)."""
+    return encode(Connect(client_id=client_id, clean_start=clean_start, keep_alive=keep_alive), LEVEL)
 
 
 def subscribe_packet(topic_filter: str, qos: int, packet_id: int = 1) -> bytes:
