@@ -25,6 +25,7 @@ CLUSTER_KEYS: tuple[str, ...] = (
     "max_keepalive",
     "topic_alias_maximum",
     "log_level",
+    "acl",  # the ACL file's TOML text, enforced by every node instead of its acl_file
 )
 
 
@@ -58,6 +59,16 @@ def parse_value(key: str, raw: object) -> Any:
     if key not in CLUSTER_KEYS:
         allowed = ", ".join(CLUSTER_KEYS)
         raise ConfigError(key, f"not a cluster setting (cluster settings: {allowed})")
+    if key == "acl":
+        from mesh.acl import Acl, AclError
+
+        if not isinstance(raw, str):
+            raise ConfigError("acl", "expected the ACL file's TOML text")
+        try:
+            Acl.from_toml_text(raw, source="cluster acl")
+        except AclError as exc:
+            raise ConfigError("acl", str(exc)) from None
+        return raw
     return SETTINGS_BY_NAME[key].kind.parse(key, raw)
 
 

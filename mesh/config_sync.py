@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gossip.service import GossipService
     from gossip.trace import NullTraceWriter, TraceWriter
     from mesh.broker import Broker
+    from mesh.security import Security
     from session_store.store import SessionStore
 
 log = logging.getLogger("meshd.config")
@@ -32,8 +33,9 @@ def _wall_ms() -> int:
 
 class ConfigSync:
     def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService", store: "SessionStore",
-                 trace: "TraceWriter | NullTraceWriter", recovered_meta: dict[str, Any]) -> None:
+                 trace: "TraceWriter | NullTraceWriter", recovered_meta: dict[str, Any], security: "Security") -> None:
         self.node_id = node_id
+        self.security = security
         self.broker = broker
         self.store = store
         self.trace = trace
@@ -91,11 +93,14 @@ class ConfigSync:
             hops=hops,
         )
         self._apply(register)
-        log.info("cluster setting %s = %r (from %s, HLC %s)", register.key, register.value, register.origin, stamp)
+        shown = f"{len(register.value)} bytes of TOML" if register.key == "acl" else repr(register.value)
+        log.info("cluster setting %s = %s (from %s, HLC %s)", register.key, shown, register.origin, stamp)
 
     def _apply(self, register: Register) -> None:
         key, value = register.key, register.value
-        if key == "log_level":
+        if key == "acl":
+            self.security.set_cluster_acl(value)
+        elif key == "log_level":
             logging.getLogger().setLevel(value.upper())
         elif key in {f.name for f in fields(self.broker.limits)}:
             self.broker.limits = replace(self.broker.limits, **{key: value})

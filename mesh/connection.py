@@ -74,7 +74,7 @@ class ClientConnection:
         "session", "keep_alive", "will", "username", "send_window", "client_max_packet",
         "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_stop_writer",
         "_outbox", "_outbox_bytes", "_wake", "_reader_scope", "request_problem_info",
-        "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay",
+        "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay", "acl_generation",
     )
 
     def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0,
@@ -88,6 +88,7 @@ class ClientConnection:
         self.peer_ip = peer_ip
         self.cert_cn = cert_cn
         self.acl: ClientAcl | None = None  # None: no ACL configured, everything allowed
+        self.acl_generation = 0
         rate = security.settings.publish_rate if security is not None else 0.0
         self._publish_bucket = TokenBucket(rate, max(1.0, rate)) if rate else None
         self._rate_delay = 0.0
@@ -316,6 +317,7 @@ class ClientConnection:
         if result.username is not None:
             self.username = result.username
         self.acl = security.client_acl(self.username, client_id, self.peer_ip)
+        self.acl_generation = security.acl_generation
         if c.will is not None and self.acl is not None and not self.acl.can_publish(c.will.topic):
             security.denied("publish")
             log.info("%s: %s refused: the will topic %r is not allowed by the ACL", self.peer, client_id, c.will.topic)
@@ -603,11 +605,20 @@ class ClientConnection:
         if topic.count("/") >= security.settings.max_topic_levels:
             security.limits_hit["max_topic_levels"] += 1
             return ReasonCode.TOPIC_NAME_INVALID
+        self._refresh_acl()
         if self.acl is not None and not self.acl.can_publish(topic):
             security.denied("publish")
             log.debug("%s: %s may not publish to %r", self.peer, self.client_id, topic)
             return ReasonCode.NOT_AUTHORIZED
         return None
+
+    def _refresh_acl(self) -> None:
+        """Rules changed (SIGHUP, file edit, cluster-wide set): recompile this client's."""
+        security = self.security
+        assert security is not None
+        if self.acl_generation != security.acl_generation:
+            self.acl = security.client_acl(self.username, self.client_id, self.peer_ip)
+            self.acl_generation = security.acl_generation
 
     def _subscribe_refusal(self, topic_filter: str) -> int | None:
         security = self.security
@@ -619,6 +630,7 @@ class ClientConnection:
         if topic_filter not in session.subscriptions and len(session.subscriptions) >= security.settings.max_subscriptions_per_client:
             security.limits_hit["max_subscriptions_per_client"] += 1
             return ReasonCode.QUOTA_EXCEEDED
+        self._refresh_acl()
         if self.acl is not None and not self.acl.can_subscribe(topic_filter):
             security.denied("subscribe")
             log.debug("%s: %s may not subscribe to %r", self.peer, self.client_id, topic_filter)

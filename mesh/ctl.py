@@ -1,6 +1,7 @@
 """`meshd ctl`: operate a running node through its HTTP API.
 
     meshd ctl config set KEY VALUE   change a cluster-wide setting (every node applies it)
+    meshd ctl config set acl @FILE   enforce an ACL file's rules on every node
     meshd ctl config get KEY         one cluster setting: value, origin node, HLC
     meshd ctl config list            every cluster setting
     meshd ctl routes                 the cluster route table as this node sees it
@@ -52,6 +53,14 @@ def main(argv: list[str]) -> int:
         if args.command == "routes":
             status, body = _call(args.http, "GET", "/api/v1/routes", token=args.token)
         elif args.action == "set":
+            if args.value.startswith("@"):
+                # `meshd ctl config set acl @acl.toml`: the file's text is the value.
+                try:
+                    with open(args.value[1:], encoding="utf-8") as f:
+                        args.value = f.read()
+                except OSError as exc:
+                    print(f"meshd ctl: cannot read {args.value[1:]}: {exc.strerror or exc}", file=sys.stderr)
+                    return 2
             status, body = _call(args.http, "PUT", f"/api/v1/config/{args.key}", {"value": args.value}, token=args.token)
         elif args.action == "get":
             status, body = _call(args.http, "GET", f"/api/v1/config/{args.key}", token=args.token)

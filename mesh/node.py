@@ -104,7 +104,7 @@ class Node:
         )
         self.config_sync = ConfigSync(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, store=self.store, trace=self.trace,
-            recovered_meta=recovered.meta,
+            recovered_meta=recovered.meta, security=self.security,
         )
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()

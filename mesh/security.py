@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from mesh.acl import AclError, AclFile, ClientAcl
+from mesh.acl import Acl, AclError, AclFile, ClientAcl
 from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning
 from mesh.config import ConfigError, Settings
 from mesh.limits import MemoryGuard, PerKeyRateLimiter, rate_limit_key_for_ip
@@ -58,6 +58,10 @@ class Security:
         self.connection_rate: PerKeyRateLimiter[str] | None = PerKeyRateLimiter(rate, max(1.0, rate)) if rate else None
         self.memory = MemoryGuard(settings.memory_limit or None)
         self.limits_hit = {name: 0 for name in LIMITS}
+        # Set cluster-wide with `meshd ctl config set acl @FILE`: replaces acl_file.
+        self.cluster_acl: Acl | None = None
+        self._file_generation = self.acl_file.generation
+        self.acl_generation = 0  # bumped whenever the rules in force change
         self.acl_denied = {"publish": 0, "subscribe": 0}
 
     @staticmethod
@@ -113,9 +117,16 @@ class Security:
 
     def client_acl(self, username: str | None, client_id: str, peer_ip: str) -> ClientAcl | None:
         """The client's compiled rules, or None when no ACL is configured (allow all)."""
+        if self.cluster_acl is not None:
+            return self.cluster_acl.for_client(username, client_id, _plain_ip(peer_ip))
         if self.settings.acl_file is None:
             return None
         return self.acl_file.acl.for_client(username, client_id, _plain_ip(peer_ip))
+
+    def set_cluster_acl(self, toml_text: str) -> None:
+        self.cluster_acl = Acl.from_toml_text(toml_text, source="cluster acl")
+        self.acl_generation += 1
+        log.info("cluster-wide ACL in force: %s", self.cluster_acl.describe())
 
     def denied(self, action: str) -> None:
         self.acl_denied[action] += 1
@@ -126,6 +137,12 @@ class Security:
         """SIGHUP: re-read the password file and the ACL."""
         self.authn.reload()
         self.acl_file.reload()
+        self._note_file_generation()
+
+    def _note_file_generation(self) -> None:
+        if self.acl_file.generation != self._file_generation:
+            self._file_generation = self.acl_file.generation
+            self.acl_generation += 1
 
     async def watch_files(self) -> None:
         while True:
@@ -135,6 +152,7 @@ class Security:
     def _reload_changed(self) -> None:
         self.authn.reload_if_changed()
         self.acl_file.reload_if_changed()
+        self._note_file_generation()
 
     # ------------------------------------------------------------- HTTP API
 

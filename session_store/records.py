@@ -87,6 +87,8 @@ def message_map(msg: Message) -> dict[str, Any]:
 
 
 def message_from_map(m: dict[str, Any]) -> Message:
+    if not isinstance(m, dict):
+        raise RecordError("message record is not a map")
     try:
         return Message(
             str(m["t"]), bytes(m["p"]), int(m["q"]), bool(m["r"]), _properties_from_map(m.get("pr")),

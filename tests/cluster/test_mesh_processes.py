@@ -248,3 +248,20 @@ def test_mesh_metrics_and_sys(cluster3):
         seen[m.topic] = m.payload
     assert seen["$SYS/mesh/members/count"] == b"3"
     assert seen["$SYS/mesh/members"] == b'["A", "B", "C"]'
+
+
+def test_cluster_wide_acl(cluster3, tmp_path):
+    acl = tmp_path / "acl.toml"
+    acl.write_text('[[rule]]\npermission = "deny"\naction = "subscribe"\ntopics = ["secret/#"]\n')
+    out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "config", "set", "acl", f"@{acl}"])
+    assert out.returncode == 0, out.stderr
+    for n in cluster3.values():
+        wait_for(lambda n=n: effective(n, "acl") is not None, what=f"{n.node_id} has the ACL")
+    c = Client("acl-c", version=5)
+    c.connect(cluster3["C"].port)
+    assert [rc.value for rc in c.subscribe("secret/plans", 1)] == [0x87]
+    assert [rc.value for rc in c.subscribe("public/plans", 1)] == [1]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[rule]]\npermission = "maybe"\n')
+    out = run_cli(["ctl", "--http", cluster3["A"].http_addr, "config", "set", "acl", f"@{bad}"])
+    assert out.returncode == 2 and "acl" in out.stderr

@@ -279,3 +279,26 @@ def test_api_token(node_factory):
     open_reads = node_factory(api_token="s3cret", api_open_reads=True)
     status, _ = request_json(f"127.0.0.1:{open_reads.ports['http']}", "GET", "/api/v1/status")
     assert status == 200
+
+
+def test_sighup_reloads_the_acl(tmp_path):
+    import signal
+
+    from tests.support import MeshdProcess
+
+    acl = tmp_path / "acl.toml"
+    acl.write_text('[[rule]]\npermission = "deny"\naction = "subscribe"\ntopics = ["a/#"]\n')
+    with MeshdProcess(str(tmp_path / "d"), "--acl-file", str(acl)) as node:
+        c = Client("hup", version=5)
+        c.connect(node.port)
+        assert [rc.value for rc in c.subscribe("a/1", 0)] == [0x87]
+        acl.write_text('[[rule]]\npermission = "deny"\naction = "subscribe"\ntopics = ["b/#"]\n')
+        node.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if [rc.value for rc in c.subscribe("a/1", 0)] == [0]:
+                break
+            time.sleep(0.2)
+        assert [rc.value for rc in c.subscribe("a/1", 0)] == [0]  # the live connection sees the new rules
+        assert [rc.value for rc in c.subscribe("b/1", 0)] == [0x87]
+        assert node.proc.poll() is None  # SIGHUP does not stop the node
