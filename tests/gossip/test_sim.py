@@ -42,7 +42,7 @@ def test_lifeguard_cuts_false_suspicions_caused_by_slow_members() -> None:
     common = dict(nodes=100, seconds=120, loss=0.05, stall=0.1, seed=3)
     on = Simulation(SimParams(**common, lifeguard=True)).run()
     off = Simulation(SimParams(**common, lifeguard=False)).run()
-    # measured with this seed: 0 with Lifeguard, 43 without
+    # measured with this seed: 0 with Lifeguard, 54 without
     assert off.false_suspicions >= 20
     assert off.false_suspicions >= 10 * max(on.false_suspicions, 1)
     assert on.false_dead == 0
