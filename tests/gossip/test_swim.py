@@ -564,3 +564,21 @@ def test_precedence_matches_the_model_for_any_message_sequence(msgs: list[list])
         state, inc = _model(state, inc, msg)
         m = sw.members["b"]
         assert (m.state, m.incarnation) == (state, inc)
+
+
+@pytest.mark.parametrize("name", ["lan", "wan", "local"])
+def test_every_preset_detects_a_crash_and_gets_its_nacks_in_time(name: str) -> None:
+    from gossip.config import preset
+
+    cfg = preset(name)
+    c = Cluster(["a", "b", "c", "d", "e"], cfg)
+    c.run_until(cfg.probe_interval)
+    c.down.add("e")
+    _, hi = suspicion_bounds(cfg.suspicion_mult, cfg.suspicion_max_timeout_mult, 5, cfg.probe_interval)
+    c.run_until(cfg.probe_interval + hi + 10 * cfg.probe_interval)
+    # (dead members are forgotten after dead_reclaim_time, so look at the events)
+    for n in "abcd":
+        assert [e.state for e in c.events[n] if isinstance(e, MemberChanged) and e.member == "e"] == [SUSPECT, DEAD]
+    # helpers' nacks arrived before the probers gave up, so nobody blamed itself
+    assert all(c.nodes[n].stats.probes_inconclusive == 0 for n in "abcd")
+    assert all(c.nodes[n].health == 0 for n in "abcd")
