@@ -105,7 +105,8 @@ def simulate_main(argv: list[str]) -> int:
 def _summary_line(s: dict[str, Any]) -> str:
     parts = [
         f"{s['nodes']} nodes x {s['virtual_s']:g} s virtual in {s['wall_s']} s wall ({s['speed_x']}x real time), {s['cpu_s']} s CPU ({s['cpu_speed_x']}x)",
-        f"{s['packets']} packets, {s['bandwidth_per_node_Bps'] / 1000:.2f} KB/s per node",
+        f"{s['packets']} packets, {s['bandwidth_per_node_Bps'] / 1000:.2f} KB/s per node UDP"
+        f" + {s['stream_bandwidth_per_node_Bps'] / 1000:.2f} KB/s TCP",
     ]
     if s["broadcasts"]:
         parts.append(

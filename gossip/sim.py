@@ -84,6 +84,7 @@ class SimResult:
     bytes_sent: int
     bandwidth_per_node_bps: float  # bytes sent per node per virtual second (mean)
     max_bandwidth_per_node_bps: float
+    stream_bandwidth_per_node_bps: float  # push-pull and fallback pings over TCP, both ways
     crashed: dict[str, float]  # node -> crash time
     dead_seen: dict[str, dict[str, float]]  # crashed node -> observer -> time marked dead
     false_dead: int  # live, un-crashed, reachable members declared dead (observer, subject) pairs
@@ -122,6 +123,7 @@ class SimResult:
             "packets": self.packets,
             "bandwidth_per_node_Bps": round(self.bandwidth_per_node_bps, 1),
             "max_bandwidth_per_node_Bps": round(self.max_bandwidth_per_node_bps, 1),
+            "stream_bandwidth_per_node_Bps": round(self.stream_bandwidth_per_node_bps, 1),
             "broadcasts": len(self.broadcasts),
             "broadcast_coverage": round(self.broadcast_coverage, 6),
             "broadcast_p50_s": _pct(lat, 50),
@@ -179,6 +181,7 @@ class Simulation:
         self.side: list[int | None] = [None] * n
         self.partitioned = False
         self.sent_bytes = [0] * n
+        self.stream_bytes = 0
         self.packets = 0
         self.events_processed = 0
         self.writers: list[TraceWriter | NullTraceWriter] = []
@@ -287,6 +290,7 @@ class Simulation:
                 if j is None or self._cut(i, j):
                     continue
                 # a TCP connect plus the request: one and a half round trips
+                self.stream_bytes += len(body)
                 self._push(now + 3 * self._latency(i, j), _PP_REQUEST, j, i, body)
         if sw._events:
             self._record(i, sw.events())
@@ -431,6 +435,7 @@ class Simulation:
                     self._pending.setdefault(j, []).append(("pp", i, body))
                     continue
                 reply = nodes[j].handle_stream(body, t)
+                self.stream_bytes += len(reply) if reply is not None else 0
                 self._flush(j)
                 if reply is not None and not self._cut(i, j):
                     self._push(t + self._latency(i, j), _PP_REPLY, i, reply)
@@ -481,6 +486,7 @@ class Simulation:
                 if item[0] == "pp":
                     _, src, body = item
                     reply = sw.handle_stream(body, t)
+                    self.stream_bytes += len(reply) if reply is not None else 0
                     if reply is not None and src not in self.crashed_at:
                         self._push(t + self._latency(i, src), _PP_REPLY, src, reply)
                 elif item[0] == "ppr":
@@ -546,6 +552,7 @@ class Simulation:
             bytes_sent=total,
             bandwidth_per_node_bps=total / p.nodes / p.seconds if p.seconds else 0.0,
             max_bandwidth_per_node_bps=max(per_node),
+            stream_bandwidth_per_node_bps=self.stream_bytes / p.nodes / p.seconds if p.seconds else 0.0,
             crashed={self.names[i]: t for i, t in self.crashed_at.items()},
             dead_seen=self.dead_seen,
             false_dead=self.false_dead,

@@ -38,7 +38,7 @@ SCENARIOS: dict[str, dict] = {
 }
 
 KEYS = (
-    "cpu_s", "cpu_speed_x", "wall_s", "bandwidth_per_node_Bps", "broadcast_coverage", "broadcast_p50_s",
+    "cpu_s", "cpu_speed_x", "wall_s", "bandwidth_per_node_Bps", "stream_bandwidth_per_node_Bps", "broadcast_coverage", "broadcast_p50_s",
     "broadcast_p99_s", "crash_dead_coverage", "crash_to_dead_median_s", "crash_to_dead_max_s", "false_dead",
     "false_suspicions",
 )
