@@ -36,8 +36,10 @@ def _event_heads(traces: DataFrame) -> DataFrame:
 def observations(
     traces: DataFrame, lifetimes: DataFrame, heads: DataFrame | None = None
 ) -> DataFrame:
-    """Per (event, observing node alive at the origin time): first ``ts_us``, ``hops``,
-    ``delay_us`` and the event's ``kind``, ``origin``, ``origin_ts_us``.
+    """Per (event, observing node alive at the origin time): ``event_id``, ``node``, its
+    first ``hops`` and ``delay_us`` (first observation minus the origin time), and
+    ``own`` (the node is the event's origin). Narrow on purpose: it is the largest
+    frame of the report (about one row per node per event) and is cached.
 
     ``heads`` (from ``alive_counts``) saves recomputing the events. The result is
     hash-partitioned by ``event_id``, so per-event aggregations after it need no
@@ -62,13 +64,10 @@ def observations(
     )
     return joined.filter(alive_at("_l_", F.col("origin_ts_us"))).select(
         "event_id",
-        "kind",
-        "origin",
-        "origin_ts_us",
         "node",
-        "ts_us",
         "hops",
         (F.col("ts_us") - F.col("origin_ts_us")).alias("delay_us"),
+        (F.col("node") == F.col("origin")).alias("own"),
     )
 
 
@@ -160,7 +159,7 @@ def infection_curve(arrays: DataFrame, points: int = 50) -> DataFrame:
 
 def per_node_lag(obs: DataFrame, method: Method) -> DataFrame:
     """Per observing node: observations of others' events and their delay p50/p99/max (s)."""
-    d = obs.filter(F.col("node") != F.col("origin")).withColumn("delay_s", F.col("delay_us") / US)
+    d = obs.filter(~F.col("own")).withColumn("delay_s", F.col("delay_us") / US)
     if not method.exact:
         return d.groupBy("node").agg(
             F.count(F.lit(1)).alias("observations"),

