@@ -22,7 +22,8 @@ def load(paths: Iterable[str]) -> list[dict[str, Any]]:
     records = []
     for path in paths:
         with open(path) as f:
-            records.extend(json.loads(line) for line in f if line.strip())
+            lines = (json.loads(line) for line in f if line.strip())
+            records.extend(r for r in lines if r.get("kind") != "header")  # run.py's machine/versions line
     return records
 
 
@@ -36,10 +37,18 @@ def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple
         if scenario is None:
             continue
         for m in scenario.metrics:
-            v = r["result"].get(m.key)
+            v = _lookup(r["result"], m.key)
             if isinstance(v, (int, float)):
                 values.setdefault((r["scenario"], r["broker"], m.key), []).append(float(v))
     return {k: (statistics.median(v), min(v), max(v), len(v)) for k, v in values.items()}
+
+
+def _lookup(result: dict[str, Any], key: str) -> Any:
+    """`a.b` reads result["a"]["b"]: the measurements a meshd-only scenario nests per run."""
+    v: Any = result
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
 
 
 def _fmt(m: Metric, v: float) -> str:

@@ -6,6 +6,7 @@ against a real meshd proves the pieces fit (no timing is asserted).
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -141,3 +142,16 @@ def test_cross_node_run_forwards_every_qos1_message() -> None:
         assert r["lost"] == 0 and r["puback_missing"] == 0
     finally:
         assert b.stop() is not None and a.stop() is not None
+
+
+def test_table_reads_nested_metrics_and_skips_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    lines = [{"kind": "header", "machine": {}},
+             {"broker": "meshd", "scenario": "cross-qos1", "rep": 0,
+              "result": {"ratio": 0.5, "cross": {"broker_cpu_pct": 70.0}, "single": {}}}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    recs = table.load([str(path)])
+    assert len(recs) == 1
+    stats = table.summarise(recs)
+    assert stats[("cross-qos1", "meshd", "cross.broker_cpu_pct")] == (70.0, 70.0, 70.0, 1)
+    assert ("cross-qos1", "meshd", "single.broker_cpu_pct") not in stats
