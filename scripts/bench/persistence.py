@@ -1,6 +1,6 @@
 """Issue 3: persistent QoS 1 fan-in (10 publishers -> 1 subscriber) against a clean session.
 
-`run(workdir, quick, durability)` starts a fresh meshd (fresh data dir) for each of four
+`run(workdir, quick, durability)` starts a fresh meshd (fresh data dir) for each of five
 measurements, all with the same `--durability` flags:
 
 - online, persistent: the fan-in throughput run with the subscriber on clean session 0;
@@ -11,6 +11,11 @@ measurements, all with the same `--durability` flags:
   message). Every message must arrive: the lost count is N minus what arrived;
 - offline, clean: the same with a clean session, whose messages have nowhere to go once
   it left; only its publish rate is a baseline (routing to nobody, nothing stored).
+- restart: offline, persistent again, but meshd is killed (SIGKILL) after the last
+  PUBACK and started again on the same data dir before the subscriber comes back, so
+  the drain reads what RocksDB holds. In `batch` mode a PUBACK does not wait for the
+  commit, so the kill waits `KILL_GRACE_S` (several batch windows) first: what the
+  mode may lose by design is not counted as loss.
 
 Ratios: online persistent/clean (msg/s and msg per broker CPU-second), offline publish
 persistent/clean, and drain over the online clean delivery rate (a clean session has no
@@ -20,7 +25,9 @@ the nearest in-memory counterpart).
 
 from __future__ import annotations
 
+import os
 import selectors
+import signal
 import socket
 import time
 from pathlib import Path
@@ -39,6 +46,7 @@ QOS = 1
 OFFLINE_N = {True: 5000, False: 10000}
 QUEUE_LIMIT = 20000
 WAIT_S = 30.0  # bound on each offline phase; hitting it shows up as loss, never a hang
+KILL_GRACE_S = 0.1  # batch mode: 10 batch windows between the last PUBACK and the kill
 
 
 def meshd_flags(durability: str) -> list[str]:
@@ -66,14 +74,17 @@ def run(workdir: Path, quick: bool, durability: str) -> dict[str, Any]:
             r = offline_then_online(b.port, b.pid, n, persistent)
         out[f"offline_{kind}"] = r
         out[f"offline_{kind}_publish_per_s"] = r["publish_per_s"]
+    out["restart"] = r = killed_and_restarted(workdir / "restart", flags, n, durability)
+    out["restart_lost"] = r["lost"]
+    out["restart_drain_per_s"] = r["drain_per_s"]
     out["drain_per_s"] = out["offline_persistent"]["drain_per_s"]
     out["online_ratio"] = _ratio(out["online_persistent_msgs_per_s"], out["online_clean_msgs_per_s"])
     out["online_cpu_ratio"] = _ratio(out["online_persistent_msgs_per_cpu_s"], out["online_clean_msgs_per_cpu_s"])
     out["publish_ratio"] = _ratio(out["offline_persistent_publish_per_s"], out["offline_clean_publish_per_s"])
     out["drain_ratio"] = _ratio(out["drain_per_s"], out["online_clean_msgs_per_s"])
-    out["lost"] = out["online_persistent"]["lost"] + out["offline_persistent"]["lost"] + out["online_clean"]["lost"]
+    out["lost"] = sum(out[k]["lost"] for k in ("online_persistent", "online_clean", "offline_persistent", "restart"))
     out["puback_missing"] = sum(out[k]["puback_missing"] for k in
-                                ("online_persistent", "online_clean", "offline_persistent", "offline_clean"))
+                                ("online_persistent", "online_clean", "offline_persistent", "offline_clean", "restart"))
     return out
 
 
@@ -97,12 +108,45 @@ class _meshd:
         self.broker.stop()
 
 
-def offline_then_online(port: int, pid: int, n: int, persistent: bool) -> dict[str, Any]:
-    """Subscribe and leave; publish `n` QoS 1 messages; come back and drain them."""
+def killed_and_restarted(workdir: Path, flags: list[str], n: int, durability: str) -> dict[str, Any]:
+    """Subscribe and leave; publish `n`; SIGKILL meshd; start it on the same data dir; drain."""
+    meshd = brokers.BROKERS["meshd"]
+    b = brokers.start(meshd, workdir, extra=flags)
+    try:
+        _subscribe_and_leave(b.port, persistent=True)
+        published, acked, publish_s = publish_count(b.port, n)
+        if durability != "sync":
+            time.sleep(KILL_GRACE_S)
+        os.kill(b.pid, signal.SIGKILL)
+        b.proc.wait(10)
+    finally:
+        b.stop()
+    b = brokers.start(meshd, workdir, extra=flags)  # same workdir: same data dir
+    try:
+        received, drain_s, present = drain(b.port, acked)
+        if not b.alive():
+            raise RuntimeError(f"restarted meshd exited with {b.proc.returncode}")
+    finally:
+        b.stop()
+    return {
+        "published": published, "acked": acked, "puback_missing": published - acked,
+        "publish_per_s": acked / publish_s if publish_s else None,
+        "session_present": present, "delivered": received, "lost": max(acked - received, 0),
+        "duplicates": max(received - acked, 0),
+        "drain_s": round(drain_s, 4), "drain_per_s": received / drain_s if drain_s else None,
+    }
+
+
+def _subscribe_and_leave(port: int, persistent: bool) -> None:
     sub = loadgen.open_client(port, SUB_ID, (SUB_FILTER, QOS), clean_start=not persistent)
     sub.setblocking(True)
     sub.sendall(b"\xe0\x00")  # DISCONNECT: a normal leave, the session stays (clean session 0)
     sub.close()
+
+
+def offline_then_online(port: int, pid: int, n: int, persistent: bool) -> dict[str, Any]:
+    """Subscribe and leave; publish `n` QoS 1 messages; come back and drain them."""
+    _subscribe_and_leave(port, persistent)
     cpu0 = procstat.cpu_seconds(pid)
     published, acked, publish_s = publish_count(port, n)
     cpu_pub = procstat.cpu_seconds(pid) - cpu0

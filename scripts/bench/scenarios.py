@@ -110,6 +110,8 @@ PERSIST_METRICS = (
     Metric("drain_per_s", "drain msg/s (reconnect to last message)", True),
     Metric("drain_ratio", "drain / online clean msg/s", True, "{:.2f}"),
     Metric("offline_persistent.drain_cpu_us_per_msg", "drain: broker CPU µs/msg", False, "{:.1f}"),
+    Metric("restart_drain_per_s", "after kill -9 and restart: drain msg/s", True),
+    Metric("restart_lost", "after kill -9 and restart: lost", False),
     Metric("lost", "lost (all runs)", False),
     Metric("puback_missing", "PUBACKs missing", False),
 )

@@ -155,3 +155,10 @@ def test_table_reads_nested_metrics_and_skips_the_header(tmp_path: Path) -> None
     stats = table.summarise(recs)
     assert stats[("cross-qos1", "meshd", "cross.broker_cpu_pct")] == (70.0, 70.0, 70.0, 1)
     assert ("cross-qos1", "meshd", "single.broker_cpu_pct") not in stats
+
+
+def test_acked_messages_for_an_offline_session_survive_kill_9() -> None:
+    import persistence
+    r = persistence.killed_and_restarted(Path(tempfile.mkdtemp()), persistence.meshd_flags("sync"), 300, "sync")
+    assert r["acked"] == 300 and r["session_present"]
+    assert r["delivered"] == 300 and r["lost"] == 0
