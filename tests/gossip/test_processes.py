@@ -8,29 +8,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    # a port free for both UDP and TCP on 127.0.0.1
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = u.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port")
 
 
 def members(path: Path) -> dict[str, dict[str, Any]]:
