@@ -25,13 +25,14 @@ the nearest in-memory counterpart).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import brokers
 import loadgen
@@ -92,20 +93,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-class _meshd:
-    """A fresh meshd for one measurement (fresh data dir), stopped by its PID on exit."""
-
-    def __init__(self, workdir: Path, flags: list[str]) -> None:
-        self.workdir, self.flags = workdir, flags
-
-    def __enter__(self) -> brokers.RunningBroker:
-        self.broker = brokers.start(brokers.BROKERS["meshd"], self.workdir, extra=self.flags)
-        return self.broker
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.broker.alive():
-            raise RuntimeError(f"meshd exited with {self.broker.proc.returncode} during the run")
-        self.broker.stop()
+@contextlib.contextmanager
+def _meshd(workdir: Path, flags: list[str]) -> Iterator[brokers.RunningBroker]:
+    """A fresh meshd for one measurement (fresh data dir), stopped by its PID after it."""
+    broker = brokers.start(brokers.BROKERS["meshd"], workdir, extra=flags)
+    try:
+        yield broker
+        if not broker.alive():
+            raise RuntimeError(f"meshd exited with {broker.proc.returncode} during the run")
+    finally:
+        broker.stop()
 
 
 def killed_and_restarted(workdir: Path, flags: list[str], n: int, durability: str) -> dict[str, Any]:
