@@ -27,9 +27,8 @@ def _event_heads(traces: DataFrame) -> DataFrame:
     return d.groupBy("event_id").agg(
         F.min("kind").alias("kind"),
         F.min(F.coalesce("origin_ts_us", "ts_us")).alias("origin_ts_us"),
-        F.min(F.struct(F.coalesce("origin_ts_us", "ts_us"), F.col("origin")))
-        .getField("origin")
-        .alias("origin"),
+        # Every record of an event names the same origin; min() just picks it cheaply.
+        F.min("origin").alias("origin"),
     )
 
 

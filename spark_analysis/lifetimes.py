@@ -21,22 +21,26 @@ DEFAULT_CRASH_GRACE_US = 5_000_000
 def node_lifetimes(traces: DataFrame, crash_grace_us: int = DEFAULT_CRASH_GRACE_US) -> DataFrame:
     """Per node: ``start_ts_us``, ``end_ts_us`` (null = running at the end), ``end_kind``
     (``node_stop`` / ``node_crash`` / ``inferred_crash`` / null), ``last_ts_us``, ``records``."""
-    is_end = F.col("kind").isin(*END_KINDS)
     per_node = traces.groupBy("node").agg(
         F.min("ts_us").alias("start_ts_us"),
         F.max("ts_us").alias("last_ts_us"),
         F.count(F.lit(1)).alias("records"),
-        F.min(F.when(is_end, F.col("ts_us"))).alias("_end_ts"),
-        # Earliest end record's kind; a struct min orders by ts first.
-        F.min(F.when(is_end, F.struct("ts_us", "kind"))).getField("kind").alias("_end_kind"),
-    )
-    overall = traces.agg(
-        F.max("ts_us").alias("_trace_end"),
         # The simulator marks every crash; only real traces need crashes inferred.
         F.max(
             ((F.col("kind") == "node_crash") | F.coalesce(F.col("sim"), F.lit(False))).cast("int")
-        ).alias("_has_crash_records"),
+        ).alias("_marked"),
     )
+    # End records are few: find each node's first one apart from the big pass.
+    ends = (
+        traces.filter(F.col("kind").isin(*END_KINDS))
+        .groupBy("node")
+        .agg(F.min(F.struct("ts_us", "kind")).alias("_end"))
+        .select("node", F.col("_end.ts_us").alias("_end_ts"), F.col("_end.kind").alias("_end_kind"))
+    )
+    overall = per_node.agg(
+        F.max("last_ts_us").alias("_trace_end"), F.max("_marked").alias("_has_crash_records")
+    )
+    per_node = per_node.join(F.broadcast(ends), "node", "left")
     inferred = (
         (F.col("_end_ts").isNull())
         & (F.col("_has_crash_records") == 0)
