@@ -114,7 +114,9 @@ class Session:
     protocol_level: int = 4
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
     inflight: dict[int, InflightEntry] = field(default_factory=dict)
-    queue: deque[Delivery] = field(default_factory=deque)
+    # The queue is created on first use: an empty deque costs ~0.6 KB, and most
+    # sessions (clean, keeping up) never queue anything. Read it through `queue`.
+    _queue: deque[Delivery] | None = field(default=None, repr=False, compare=False)
     qos2_in: set[int] = field(default_factory=set)
     will: Any = None
     disconnected_at: float | None = None
@@ -122,6 +124,19 @@ class Session:
     stored: bool = False  # has records in the store (so ending it must delete them)
     next_seq: int = 1
     _next_packet_id: int = 1
+
+    @property
+    def queue(self) -> deque[Delivery]:
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = deque()
+        return queue
+
+    @property
+    def queued(self) -> int:
+        """How many deliveries wait in the queue (without creating it)."""
+        queue = self._queue
+        return len(queue) if queue is not None else 0
 
     def take_seq(self) -> int:
         seq = self.next_seq

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from session_store.store import COLUMN_FAMILIES, SessionStore
+from session_store.store import COLUMN_FAMILIES, PendingBatch, SessionStore
 
 
 class StoreOpenError(Exception):
@@ -58,29 +58,25 @@ class RocksStore(SessionStore):
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's message
             raise StoreOpenError(f"cannot open session store at {self.path}: {exc}") from None
         self._handles = {cf: self._db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
-        self._batch = WriteBatch(raw_mode=True)
         self._sync = WriteOptions()
         self._sync.sync = True
         self._nosync = WriteOptions()
 
-    def _put(self, cf: str, key: bytes, value: bytes) -> None:
-        self._batch.put(key, value, self._handles[cf])
-
-    def _delete(self, cf: str, key: bytes) -> None:
-        self._batch.delete(key, self._handles[cf])
-
-    def _delete_prefix(self, cf: str, prefix: bytes) -> None:
-        # Keys with this prefix sort in [prefix, prefix[:-1] + 0x01): the prefix ends in \0.
-        self._batch.delete_range(prefix, prefix[:-1] + b"\x01", self._handles[cf])
-
-    def take_batch(self) -> tuple[WriteBatch, int]:
-        batch, self._batch = self._batch, WriteBatch(raw_mode=True)
-        return batch, self.write_epoch
-
-    def write_batch(self, batch: Any, *, sync: bool) -> None:
+    def write_batch(self, batch: PendingBatch, *, sync: bool) -> None:
         assert self._db is not None, "store is closed"
-        if batch.len():
-            self._db.write(batch, self._sync if sync else self._nosync)
+        if not len(batch):
+            return
+        handles = self._handles
+        wb = WriteBatch(raw_mode=True)
+        for cf, prefix in batch.prefix_deletes:
+            # Keys with this prefix sort in [prefix, prefix[:-1] + 0x01): the prefix ends in \0.
+            wb.delete_range(prefix, prefix[:-1] + b"\x01", handles[cf])
+        for cf, key, value in batch.items():
+            if value is None:
+                wb.delete(key, handles[cf])
+            else:
+                wb.put(key, value, handles[cf])
+        self._db.write(wb, self._sync if sync else self._nosync)
 
     def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
         assert self._db is not None, "store is closed"

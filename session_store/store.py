@@ -67,6 +67,46 @@ class RecoveredState:
     skipped: int = 0  # unreadable values, logged with their keys
 
 
+class PendingBatch:
+    """Changes recorded since the last commit, coalesced per key.
+
+    The last change to a key wins, so a record put and deleted within one commit
+    window (a QoS 1 delivery acknowledged before the next group commit) costs one
+    tombstone and is never encoded: values are kept as (encoder, args) and encoded only
+    when the batch is written, off the Trio thread. Prefix deletes (a whole session)
+    drop the pending changes they cover and are applied before the remaining ones.
+    """
+
+    __slots__ = ("ops", "prefix_deletes")
+
+    def __init__(self) -> None:
+        self.ops: dict[tuple[str, bytes], tuple[Callable[..., bytes], tuple] | None] = {}
+        self.prefix_deletes: list[tuple[str, bytes]] = []
+
+    def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
+        self.ops[(cf, key)] = (encoder, args)
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.ops[(cf, key)] = None
+
+    def delete_prefix(self, cf: str, prefix: bytes) -> None:
+        for k in [k for k in self.ops if k[0] == cf and k[1].startswith(prefix)]:
+            del self.ops[k]
+        self.prefix_deletes.append((cf, prefix))
+
+    def __len__(self) -> int:
+        return len(self.ops) + len(self.prefix_deletes)
+
+    def items(self) -> Iterable[tuple[str, bytes, bytes | None]]:
+        """(cf, key, encoded value or None for a delete), prefix deletes excluded."""
+        for (cf, key), op in self.ops.items():
+            if op is None:
+                yield cf, key, None
+            else:
+                encoder, args = op
+                yield cf, key, encoder(*args)
+
+
 class SessionStore(ABC):
     """Record changes into a batch; commit batches off-thread; load everything at start."""
 
@@ -74,25 +114,14 @@ class SessionStore(ABC):
         self.write_epoch = 0  # bumped by every recorded change
         self.durable_epoch = 0  # every change up to this epoch is committed
         self.on_dirty: Callable[[], None] = lambda: None
+        self._batch = PendingBatch()
 
-    # -- the batch, implemented per backend ------------------------------------------------
-
-    @abstractmethod
-    def _put(self, cf: str, key: bytes, value: bytes) -> None: ...
+    # -- the backend -------------------------------------------------------------------------
 
     @abstractmethod
-    def _delete(self, cf: str, key: bytes) -> None: ...
-
-    @abstractmethod
-    def _delete_prefix(self, cf: str, prefix: bytes) -> None: ...
-
-    @abstractmethod
-    def take_batch(self) -> tuple[Any, int]:
-        """Hand over the current batch (and the epoch it reaches) and start a new one."""
-
-    @abstractmethod
-    def write_batch(self, batch: Any, *, sync: bool) -> None:
-        """Write a batch taken by `take_batch`. Blocking: call it from a worker thread."""
+    def write_batch(self, batch: PendingBatch, *, sync: bool) -> None:
+        """Encode and write a batch taken by `take_batch`. Blocking: call it from a
+        worker thread."""
 
     @abstractmethod
     def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
@@ -100,6 +129,20 @@ class SessionStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def take_batch(self) -> tuple[PendingBatch, int]:
+        """Hand over the current batch (and the epoch it reaches) and start a new one."""
+        batch, self._batch = self._batch, PendingBatch()
+        return batch, self.write_epoch
+
+    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
+        self._batch.put(cf, key, encoder, *args)
+
+    def _delete(self, cf: str, key: bytes) -> None:
+        self._batch.delete(cf, key)
+
+    def _delete_prefix(self, cf: str, prefix: bytes) -> None:
+        self._batch.delete_prefix(cf, prefix)
 
     def _changed(self) -> None:
         first = self.write_epoch == self.durable_epoch
@@ -117,7 +160,7 @@ class SessionStore(ABC):
     # -- what the broker records -----------------------------------------------------------
 
     def put_session(self, client_id: str, expiry_interval: int, protocol_level: int, disconnected_at: float | None, next_seq: int) -> None:
-        self._put("sessions", client_id.encode("utf-8"), records.encode_session(expiry_interval, protocol_level, disconnected_at, next_seq))
+        self._put("sessions", client_id.encode("utf-8"), records.encode_session, expiry_interval, protocol_level, disconnected_at, next_seq)
         self._changed()
 
     def delete_session(self, client_id: str) -> None:
@@ -130,7 +173,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
-        self._put("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"), records.encode_subscription(options))
+        self._put("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"), records.encode_subscription, options)
         self._changed()
 
     def delete_subscription(self, client_id: str, topic_filter: str) -> None:
@@ -138,7 +181,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
-        self._put("inflight", session_prefix(client_id) + _U16.pack(packet_id), records.encode_delivery(delivery, state=state))
+        self._put("inflight", session_prefix(client_id) + _U16.pack(packet_id), _encode_inflight, delivery, state)
         self._changed()
 
     def delete_inflight(self, client_id: str, packet_id: int) -> None:
@@ -146,7 +189,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._put("queue", session_prefix(client_id) + _U64.pack(delivery.seq), records.encode_delivery(delivery))
+        self._put("queue", session_prefix(client_id) + _U64.pack(delivery.seq), records.encode_delivery, delivery)
         self._changed()
 
     def delete_queued(self, client_id: str, seq: int) -> None:
@@ -154,7 +197,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_qos2_in(self, client_id: str, packet_id: int) -> None:
-        self._put("qos2_in", session_prefix(client_id) + _U16.pack(packet_id), records.encode_value(1))
+        self._put("qos2_in", session_prefix(client_id) + _U16.pack(packet_id), records.encode_value, 1)
         self._changed()
 
     def delete_qos2_in(self, client_id: str, packet_id: int) -> None:
@@ -162,7 +205,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_will(self, client_id: str, will: Will, due_at: float | None) -> None:
-        self._put("wills", client_id.encode("utf-8"), records.encode_will(will, due_at))
+        self._put("wills", client_id.encode("utf-8"), records.encode_will, will, due_at)
         self._changed()
 
     def delete_will(self, client_id: str) -> None:
@@ -170,7 +213,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_retained(self, msg: Message) -> None:
-        self._put("retained", msg.topic.encode("utf-8"), records.encode_message(msg))
+        self._put("retained", msg.topic.encode("utf-8"), records.encode_message, msg)
         self._changed()
 
     def delete_retained(self, topic: str) -> None:
@@ -178,7 +221,7 @@ class SessionStore(ABC):
         self._changed()
 
     def put_meta(self, key: str, value: Any) -> None:
-        self._put("meta", key.encode("utf-8"), records.encode_value(value))
+        self._put("meta", key.encode("utf-8"), records.encode_value, value)
         self._changed()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -280,34 +323,24 @@ class MemoryStore(SessionStore):
     def __init__(self) -> None:
         super().__init__()
         self._data: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
-        self._batch: list[tuple[str, str, bytes, bytes | None]] = []
 
-    def _put(self, cf: str, key: bytes, value: bytes) -> None:
-        self._batch.append(("put", cf, key, value))
-
-    def _delete(self, cf: str, key: bytes) -> None:
-        self._batch.append(("del", cf, key, None))
-
-    def _delete_prefix(self, cf: str, prefix: bytes) -> None:
-        self._batch.append(("prefix", cf, prefix, None))
-
-    def take_batch(self) -> tuple[list[tuple[str, str, bytes, bytes | None]], int]:
-        batch, self._batch = self._batch, []
-        return batch, self.write_epoch
-
-    def write_batch(self, batch: list[tuple[str, str, bytes, bytes | None]], *, sync: bool) -> None:
-        for op, cf, key, value in batch:
+    def write_batch(self, batch: PendingBatch, *, sync: bool) -> None:
+        for cf, prefix in batch.prefix_deletes:
             table = self._data[cf]
-            if op == "put":
-                table[key] = value  # type: ignore[assignment]
-            elif op == "del":
-                table.pop(key, None)
+            for k in [k for k in table if k.startswith(prefix)]:
+                del table[k]
+        for cf, key, value in batch.items():
+            if value is None:
+                self._data[cf].pop(key, None)
             else:
-                for k in [k for k in table if k.startswith(key)]:
-                    del table[k]
+                self._data[cf][key] = value
 
     def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
         return sorted(self._data[cf].items())
 
     def close(self) -> None:
-        self._batch.clear()
+        self._batch = PendingBatch()
+
+
+def _encode_inflight(delivery: Delivery, state: str) -> bytes:
+    return records.encode_delivery(delivery, state=state)

@@ -119,14 +119,45 @@ def test_nothing_before_commit_and_epochs(make_store):
 def test_corrupt_values_are_skipped_with_a_count(make_store):
     store = make_store()
     store.put_session("good", 60, 4, None, 1)
-    store._put("sessions", b"bad", b"\xff\x00garbage")
-    store._put("queue", b"good\x00" + (1).to_bytes(8, "big"), b"\x00")
-    store._put("subscriptions", b"orphan\x00t", b"\xa0")
+    store._put("sessions", b"bad", bytes, b"\xff\x00garbage")
+    store._put("queue", b"good\x00" + (1).to_bytes(8, "big"), bytes, b"\x00")
+    store._put("subscriptions", b"orphan\x00t", bytes, b"\xa0")
     store._changed()
     commit(store)
     state = store.load()
     assert list(state.sessions) == ["good"]
     assert state.skipped == 3
+
+
+def test_put_then_delete_in_one_batch_is_never_encoded(make_store, monkeypatch):
+    from session_store import records
+
+    store = make_store()
+    store.put_session("c", 60, 5, None, 1)
+    commit(store)
+    encoded = []
+    real = records.encode_delivery
+    monkeypatch.setattr(records, "encode_delivery", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    for pid in range(1, 101):  # deliveries acknowledged within one commit window
+        store.put_inflight("c", pid, delivery(f"t/{pid}", pid), "publish")
+        store.delete_inflight("c", pid)
+    store.put_inflight("c", 7, delivery("kept", 500), "publish")
+    commit(store)
+    assert len(encoded) == 1
+    assert [(pid, d.message.topic) for pid, d, _ in store.load().sessions["c"].inflight] == [(7, "kept")]
+
+
+def test_session_delete_then_recreate_in_one_batch(make_store):
+    store = make_store()
+    store.put_session("c", 60, 5, None, 1)
+    store.put_subscription("c", "old", SubscriptionOptions(1))
+    commit(store)
+    store.put_subscription("c", "older", SubscriptionOptions(1))
+    store.delete_session("c")
+    store.put_session("c", 60, 5, None, 1)
+    store.put_subscription("c", "new", SubscriptionOptions(0))
+    commit(store)
+    assert list(store.load().sessions["c"].subscriptions) == ["new"]
 
 
 def test_rocksdb_locked_by_another_open_is_a_clear_error(tmp_path):
