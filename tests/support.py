@@ -270,6 +270,10 @@ def run_cli(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProce
     return subprocess.run(meshd_command() + args, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
 
 
+class PortTaken(Exception):
+    """A port picked as free was taken by someone else before meshd bound it."""
+
+
 class MeshdProcess:
     """`meshd` as a real child process on 127.0.0.1 (MQTT only unless told otherwise)."""
 
@@ -289,6 +293,21 @@ class MeshdProcess:
         return f"127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 20.0) -> "MeshdProcess":
+        """Start and wait until MQTT accepts connections. A port this object picked
+        itself that another process grabbed meanwhile is picked again (a fixed gossip
+        port cannot be: the cluster's seeds name it)."""
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout)
+            except PortTaken:
+                if attempt == 2:
+                    raise
+                self.port = free_port()
+                if self.http_port is not None:
+                    self.http_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> "MeshdProcess":
         ident = ["--node-id", self.node_id] if self.node_id else []
         self.proc = subprocess.Popen(
             meshd_command() + ident + [
@@ -305,7 +324,10 @@ class MeshdProcess:
                 return self
             except OSError:
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"meshd exited early: {self.proc.stdout.read()}")  # type: ignore[union-attr]
+                    output = self.proc.stdout.read()  # type: ignore[union-attr]
+                    if "already in use" in output and ("mqtt:" in output or "http:" in output):
+                        raise PortTaken(output)
+                    raise AssertionError(f"meshd exited early: {output}")
                 time.sleep(0.05)
         self.proc.kill()
         raise AssertionError("meshd did not start listening")
