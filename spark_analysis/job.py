@@ -175,7 +175,7 @@ def _run(
     result_summary: dict[str, Any] = {
         "nodes": facts["nodes"],
         "events": loaded.rows,
-        "time_span_s": summary._num(facts["time_span_s"]),
+        "time_span_s": summary.json_number(facts["time_span_s"]),
         "observations": facts["observations"],
         "sim": facts["sim"],
         "input": {"paths": list(paths), "files": loaded.files, "bad_lines": loaded.bad_lines},

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path

@@ -131,7 +131,7 @@ def plot_lag(lag: list[dict[str, Any]], path: Path) -> bytes:
         names = [r["node"] for r in rows][::-1]
         ax.barh(names, [r["lag_p50_s"] for r in rows][::-1], label="median")
         ax.scatter([r["lag_p99_s"] for r in rows][::-1], names, color="C3", zorder=3, label="p99")
-        ax.legend(loc="lower right")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     else:
         _empty(ax, "no observations")
     ax.set_xlabel("observation delay (s)")

@@ -14,7 +14,7 @@ LIST_LIMIT = 1000  # rows kept in summary.json lists; the CSV tables hold them a
 LAG_TOP = 10
 
 
-def _num(value: Any, digits: int = 6) -> Any:
+def json_number(value: Any, digits: int = 6) -> Any:
     """JSON-safe number: rounded floats, None for null/NaN."""
     if value is None:
         return None
@@ -64,12 +64,12 @@ def _dissemination_aggs(ev: Method) -> list:
 def _shape(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "events": int(row.get("events") or 0),
-        "full_coverage_ratio": _num(row.get("full_coverage_ratio")),
-        "t50_s_median": _num(row.get("t50_s_median")),
-        "t90_s_median": _num(row.get("t90_s_median")),
-        "t99_s_median": _num(row.get("t99_s_median")),
-        "t100_s": {k: _num(row.get(f"t100_{k}")) for k in ("p50", "p90", "p99", "max")},
-        "hops": {k: _num(row.get(f"hops_{k}")) for k in ("p50", "p99")},
+        "full_coverage_ratio": json_number(row.get("full_coverage_ratio")),
+        "t50_s_median": json_number(row.get("t50_s_median")),
+        "t90_s_median": json_number(row.get("t90_s_median")),
+        "t99_s_median": json_number(row.get("t99_s_median")),
+        "t100_s": {k: json_number(row.get(f"t100_{k}")) for k in ("p50", "p90", "p99", "max")},
+        "hops": {k: json_number(row.get(f"hops_{k}")) for k in ("p50", "p99")},
     }
 
 
@@ -108,9 +108,9 @@ def detection_summary(det: DataFrame, method: Method) -> dict[str, Any]:
     ).first()
     return {
         "crashes": int(row["crashes"]),
-        "first_suspect_p50_s": _num(row["first_suspect_p50_s"]),
-        "all_dead_p50_s": _num(row["all_dead_p50_s"]),
-        "all_dead_p99_s": _num(row["all_dead_p99_s"]),
+        "first_suspect_p50_s": json_number(row["first_suspect_p50_s"]),
+        "all_dead_p50_s": json_number(row["all_dead_p50_s"]),
+        "all_dead_p99_s": json_number(row["all_dead_p99_s"]),
         "undetected": int(row["undetected"] or 0),
         "never_suspected": int(row["never_suspected"] or 0),
     }
@@ -141,18 +141,18 @@ def partition_summary(episodes: DataFrame, method: Method) -> dict[str, Any]:
     return {
         "count": int(row["count"]),
         "healed": int(row["healed"]),
-        "detection_s_p50": _num(row["detection_s_p50"]),
-        "detection_s_max": _num(row["detection_s_max"]),
-        "heal_s_p50": _num(row["heal_s_p50"]),
-        "heal_s_max": _num(row["heal_s_max"]),
+        "detection_s_p50": json_number(row["detection_s_p50"]),
+        "detection_s_max": json_number(row["detection_s_max"]),
+        "heal_s_p50": json_number(row["heal_s_p50"]),
+        "heal_s_max": json_number(row["heal_s_max"]),
         "list": [
             {
                 "node": r["node"],
                 "subject": r["subject"],
                 "detected_ts_us": r["detected_ts_us"],
                 "healed_ts_us": r["healed_ts_us"],
-                "detection_s": _num(r["detection_s"]),
-                "heal_s": _num(r["heal_s"]),
+                "detection_s": json_number(r["detection_s"]),
+                "heal_s": json_number(r["heal_s"]),
             }
             for r in rows
         ],
@@ -165,9 +165,9 @@ def lag_summary(lag: DataFrame, top: int = LAG_TOP) -> list[dict[str, Any]]:
         {
             "node": r["node"],
             "observations": int(r["observations"]),
-            "lag_p50_s": _num(r["lag_p50_s"]),
-            "lag_p99_s": _num(r["lag_p99_s"]),
-            "lag_max_s": _num(r["lag_max_s"]),
+            "lag_p50_s": json_number(r["lag_p50_s"]),
+            "lag_p99_s": json_number(r["lag_p99_s"]),
+            "lag_max_s": json_number(r["lag_max_s"]),
         }
         for r in rows
     ]
