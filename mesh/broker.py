@@ -518,10 +518,11 @@ class Broker:
             self.store.put_inflight(session.client_id, packet_id, delivery, "publish")
 
     def release_inflight(self, session: Session, packet_id: int) -> bool:
-        if session.inflight.pop(packet_id, None) is None:
+        entry = session.inflight.pop(packet_id, None)
+        if entry is None:
             return False
         if session.stored:
-            self.store.delete_inflight(session.client_id, packet_id)
+            self.store.delete_inflight(session.client_id, entry.delivery.seq)
         return True
 
     def mark_pubrel(self, session: Session, packet_id: int, entry: InflightEntry) -> None:
@@ -569,7 +570,7 @@ class Broker:
             if not entry.delivery.seq:
                 entry.delivery.seq = session.take_seq()
             self.store.put_inflight(cid, pid, entry.delivery, entry.state)
-        for d in session.queue:
+        for d in session.queue if session.queued else ():
             if not d.seq:
                 d.seq = session.take_seq()
             self.store.put_queued(cid, d)

@@ -101,8 +101,9 @@ class ClientConnection:
         self.username: str | None = None
         self.send_window = broker.limits.max_inflight
         self.client_max_packet: int | None = None
-        self.alias_in: dict[int, str] = {}
-        self.alias_out: dict[str, int] = {}
+        # Topic alias maps, created on first use (most clients never use aliases).
+        self.alias_in: dict[int, str] | None = None
+        self.alias_out: dict[str, int] | None = None
         self.alias_out_max = 0
         self.request_problem_info = True
         self.closing = False
@@ -112,7 +113,8 @@ class ClientConnection:
         self._outbox_bytes = 0
         self._wake = trio.Event()
         self._reader_scope: trio.CancelScope | None = None
-        self._pending_acks: deque[tuple[int, AckGate | None, Any]] = deque()
+        # Acks waiting for a sync or a remote node; created on first use.
+        self._pending_acks: deque[tuple[int, AckGate | None, Any]] | None = None
 
     # ---------------------------------------------------------------- output
 
@@ -154,7 +156,7 @@ class ClientConnection:
                 return
             self._send_publish(delivery, None, False, now, cache)
             return
-        if session.queue or len(session.inflight) >= self.send_window:
+        if session.queued or len(session.inflight) >= self.send_window:
             self.broker.enqueue(session, delivery)
             return
         pid = session.allocate_packet_id()
@@ -179,13 +181,16 @@ class ClientConnection:
                 if msg.expires_at is not None:
                     changes["message_expiry_interval"] = msg.remaining_expiry(now)
                 if self.alias_out_max and not dup:
-                    alias = self.alias_out.get(topic)
+                    alias_out = self.alias_out
+                    if alias_out is None:
+                        alias_out = self.alias_out = {}
+                    alias = alias_out.get(topic)
                     if alias is not None:
                         changes["topic_alias"] = alias
                         topic = ""
-                    elif len(self.alias_out) < self.alias_out_max:
-                        alias = len(self.alias_out) + 1
-                        self.alias_out[topic] = alias
+                    elif len(alias_out) < self.alias_out_max:
+                        alias = len(alias_out) + 1
+                        alias_out[topic] = alias
                         changes["topic_alias"] = alias
                 if changes:
                     props = replace(props, **changes)
@@ -210,6 +215,8 @@ class ClientConnection:
     def _fill_window(self, now: float) -> None:
         session = self.session
         assert session is not None
+        if not session.queued:
+            return
         queue = session.queue
         broker = self.broker
         while queue and len(session.inflight) < self.send_window and not self.closing:
@@ -523,6 +530,8 @@ class ClientConnection:
             if alias > broker.limits.topic_alias_maximum:
                 self._protocol_violation(_error(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum"))
                 return
+            if self.alias_in is None:
+                self.alias_in = {}
             if topic:
                 self.alias_in[alias] = topic
             else:
@@ -577,6 +586,8 @@ class ClientConnection:
         store = broker.store
         wait_for = store.write_epoch if broker.acks_wait_for_sync and store.write_epoch != epoch_before else 0
         if self._pending_acks or wait_for > store.durable_epoch or gate is not None:
+            if self._pending_acks is None:
+                self._pending_acks = deque()
             self._pending_acks.append((wait_for, gate, ack))
             broker.ack_waiters.add(self)
         else:
@@ -586,6 +597,8 @@ class ClientConnection:
         """Send the acks that no longer wait (durable here, acknowledged by the nodes
         they were forwarded to); True when none are left."""
         pending = self._pending_acks
+        if pending is None:
+            return True
         while pending:
             epoch, gate, ack = pending[0]
             if epoch > durable_epoch or (gate is not None and gate.waiting > 0):
