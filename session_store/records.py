@@ -106,14 +106,25 @@ def decode_message(data: bytes) -> Message:
     return message_from_map(loads(data)["m"])
 
 
-def encode_delivery(d: Delivery, *, state: str | None = None) -> bytes:
+def encode_delivery(d: Delivery, *, state: str | None = None, packet_id: int | None = None) -> bytes:
     record: dict[str, Any] = {
         "v": FORMAT_VERSION, "m": message_map(d.message), "q": d.qos, "r": d.retain,
         "s": list(d.subscription_ids), "n": d.seq,
     }
     if state is not None:
         record["st"] = state
+    if packet_id is not None:
+        record["pid"] = packet_id
     return cbor2.dumps(record)
+
+
+def decode_inflight(data: bytes) -> tuple[Delivery, str, int]:
+    """An inflight record: the delivery, its state and the packet id it was sent with."""
+    d, state = decode_delivery(data)
+    pid = loads(data).get("pid")
+    if not isinstance(pid, int) or not 1 <= pid <= 65535:
+        raise RecordError(f"bad inflight packet id {pid!r}")
+    return d, state or "publish", pid
 
 
 def decode_delivery(data: bytes) -> tuple[Delivery, str | None]:

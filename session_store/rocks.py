@@ -10,9 +10,9 @@ sessions       client_id                          expiry interval, protocol leve
                                                   disconnected-at (wall clock), next seq
 subscriptions  client_id \\0 filter                QoS, no local, retain as published,
                                                   retain handling, subscription id
-inflight       client_id \\0 packet id (u16 BE)    the delivery (message, QoS, retain,
-                                                  subscription ids, seq) and its state
-                                                  (publish / pubrel)
+inflight       client_id \\0 seq (u64 BE)          the delivery (message, QoS, retain,
+                                                  subscription ids, seq), its packet id
+                                                  and state (publish / pubrel)
 queue          client_id \\0 seq (u64 BE)          the delivery; key order = queue order
 qos2_in        client_id \\0 packet id (u16 BE)    1 (PUBREC sent, PUBREL awaited)
 wills          client_id                          the will and, when pending, its due time

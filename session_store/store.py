@@ -10,8 +10,8 @@ epoch durable.  An acknowledgement that promises durability waits until
 Keys (bytes):  session-scoped records are `client_id + b"\\0" + suffix`, so one
 session's records sort together and a session is removed by deleting one key range;
 MQTT strings cannot contain U+0000, so the separator cannot occur in a client id.
-Queue suffixes are the delivery sequence number as 8 big-endian bytes, so a prefix scan
-returns the queue in order.  Values are versioned CBOR (`session_store.records`).
+Queue and inflight suffixes are the delivery sequence number as 8 big-endian bytes, so
+a prefix scan returns them in order (inflight records carry their packet id).  Values are versioned CBOR (`session_store.records`).
 """
 
 from __future__ import annotations
@@ -77,21 +77,33 @@ class PendingBatch:
     drop the pending changes they cover and are applied before the remaining ones.
     """
 
-    __slots__ = ("ops", "prefix_deletes")
+    __slots__ = ("ops", "prefix_deletes", "fresh")
 
     def __init__(self) -> None:
         self.ops: dict[tuple[str, bytes], tuple[Callable[..., bytes], tuple] | None] = {}
         self.prefix_deletes: list[tuple[str, bytes]] = []
+        # Keys first written in this batch that cannot exist on disk (sequence-numbered
+        # queue and inflight records): deleting one before the commit writes nothing.
+        self.fresh: set[tuple[str, bytes]] = set()
 
-    def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
-        self.ops[(cf, key)] = (encoder, args)
+    def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any, fresh: bool = False) -> None:
+        k = (cf, key)
+        if fresh and k not in self.ops:
+            self.fresh.add(k)
+        self.ops[k] = (encoder, args)
 
     def delete(self, cf: str, key: bytes) -> None:
-        self.ops[(cf, key)] = None
+        k = (cf, key)
+        if k in self.fresh:
+            self.fresh.discard(k)
+            del self.ops[k]
+        else:
+            self.ops[k] = None
 
     def delete_prefix(self, cf: str, prefix: bytes) -> None:
         for k in [k for k in self.ops if k[0] == cf and k[1].startswith(prefix)]:
             del self.ops[k]
+            self.fresh.discard(k)
         self.prefix_deletes.append((cf, prefix))
 
     def __len__(self) -> int:
@@ -135,8 +147,8 @@ class SessionStore(ABC):
         batch, self._batch = self._batch, PendingBatch()
         return batch, self.write_epoch
 
-    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
-        self._batch.put(cf, key, encoder, *args)
+    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any, fresh: bool = False) -> None:
+        self._batch.put(cf, key, encoder, *args, fresh=fresh)
 
     def _delete(self, cf: str, key: bytes) -> None:
         self._batch.delete(cf, key)
@@ -181,15 +193,18 @@ class SessionStore(ABC):
         self._changed()
 
     def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
-        self._put("inflight", session_prefix(client_id) + _U16.pack(packet_id), _encode_inflight, delivery, state)
+        """Keyed by the delivery's sequence number (unique, never reused), so a
+        delivery sent and acknowledged within one commit window never reaches the disk."""
+        self._put("inflight", session_prefix(client_id) + _U64.pack(delivery.seq), _encode_inflight,
+                  delivery, state, packet_id, fresh=True)
         self._changed()
 
-    def delete_inflight(self, client_id: str, packet_id: int) -> None:
-        self._delete("inflight", session_prefix(client_id) + _U16.pack(packet_id))
+    def delete_inflight(self, client_id: str, seq: int) -> None:
+        self._delete("inflight", session_prefix(client_id) + _U64.pack(seq))
         self._changed()
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._put("queue", session_prefix(client_id) + _U64.pack(delivery.seq), records.encode_delivery, delivery)
+        self._put("queue", session_prefix(client_id) + _U64.pack(delivery.seq), records.encode_delivery, delivery, fresh=True)
         self._changed()
 
     def delete_queued(self, client_id: str, seq: int) -> None:
@@ -269,9 +284,9 @@ class SessionStore(ABC):
             if found is None:
                 continue
             try:
-                d, st = records.decode_delivery(value)
-                found[0].inflight.append((_U16.unpack(found[1])[0], d, st or "publish"))
-            except (records.RecordError, struct.error) as exc:
+                d, st, pid = records.decode_inflight(value)
+                found[0].inflight.append((pid, d, st))
+            except records.RecordError as exc:
                 bad("inflight", key, exc)
         for key, value in self.scan("queue"):
             found = owner("queue", key)
@@ -342,5 +357,5 @@ class MemoryStore(SessionStore):
         self._batch = PendingBatch()
 
 
-def _encode_inflight(delivery: Delivery, state: str) -> bytes:
-    return records.encode_delivery(delivery, state=state)
+def _encode_inflight(delivery: Delivery, state: str, packet_id: int) -> bytes:
+    return records.encode_delivery(delivery, state=state, packet_id=packet_id)
