@@ -61,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             from .job import parse_formats, run_report
+            from .load import resolve_inputs
             from .session import build_session
         except ImportError as exc:
             raise SparkMissingError(f"{INSTALL_HINT} ({exc})") from exc
         formats = parse_formats(args.format)
+        resolve_inputs(args.paths)  # a wrong path fails here, before a JVM starts
         conf = _spark_conf(args.conf, args.master)
         spark = build_session(args.master, conf=conf)
         result = run_report(

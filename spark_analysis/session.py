@@ -29,7 +29,8 @@ def build_session(
         return active
     # Executors must run the same interpreter as the driver (local mode included).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    java_opts = f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}"
+    # Without the file (a wheel built without package data) Spark's defaults apply.
+    java_opts = f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}" if LOG4J_CONFIG.exists() else ""
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -44,7 +45,7 @@ def build_session(
         builder = builder.config("spark.sql.shuffle.partitions", "8")
     for key, value in (conf or {}).items():
         if key == "spark.driver.extraJavaOptions":
-            value = f"{java_opts} {value}"  # keep the quiet-logging option
+            value = f"{java_opts} {value}".strip()  # keep the quiet-logging option
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
