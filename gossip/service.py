@@ -341,7 +341,7 @@ class GossipService:
             async with stream:
                 try:
                     await stream.send_all(self._seal_frame(body))
-                    reply = await _read_frame(stream)
+                    reply = await read_frame(stream)
                 except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
                     self.push_pull_failures += 1
                     return
@@ -369,7 +369,7 @@ class GossipService:
         handoff = None
         with trio.move_on_after(PUSH_PULL_TIMEOUT):
             try:
-                body = await _read_frame(stream)
+                body = await read_frame(stream)
             except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
                 self.swim.stats.malformed += 1
                 body = None
@@ -405,7 +405,8 @@ async def _read_exact(stream: trio.abc.ReceiveStream, n: int) -> bytes:
     return bytes(buf)
 
 
-async def _read_frame(stream: trio.abc.ReceiveStream) -> bytes:
+async def read_frame(stream: trio.abc.ReceiveStream) -> bytes:
+    """One length-prefixed frame body from a TCP stream (still sealed, if a key is set)."""
     n = wire.frame_length(await _read_exact(stream, 4))
     return await _read_exact(stream, n)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from gossip import wire
+from gossip.service import read_frame
 
 if TYPE_CHECKING:
     from gossip.service import GossipService
@@ -51,21 +52,6 @@ class LinkItem:
         self.data = data
         self.qos = qos
         self.gate = gate
-
-
-async def read_frame(stream: trio.abc.ReceiveStream) -> bytes:
-    header = await _read_exact(stream, 4)
-    return await _read_exact(stream, wire.frame_length(header))
-
-
-async def _read_exact(stream: trio.abc.ReceiveStream, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await stream.receive_some(min(65536, n - len(buf)))
-        if not chunk:
-            raise EOFError("stream closed mid-frame")
-        buf += chunk
-    return bytes(buf)
 
 
 class FramedStream:
