@@ -16,6 +16,7 @@ a prefix scan returns them in order (inflight records carry their packet id).  V
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from abc import ABC, abstractmethod
@@ -36,7 +37,9 @@ _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 
 
+@functools.lru_cache(maxsize=65536)
 def session_prefix(client_id: str) -> bytes:
+    """`client_id + \\0`, cached: it is built for every stored delivery."""
     return client_id.encode("utf-8") + SEP
 
 
