@@ -125,7 +125,10 @@ def event_table(arrays: DataFrame) -> DataFrame:
         "origin_ts_us",
         "alive_nodes",
         "observed_nodes",
-        (F.col("observed_nodes") / F.col("alive_nodes")).alias("coverage"),
+        # No node alive at the origin time (its traces rotated away, say): no coverage.
+        F.when(F.col("alive_nodes") > 0, F.col("observed_nodes") / F.col("alive_nodes")).alias(
+            "coverage"
+        ),
         coverage_time_us(HEADLINE_BP["t100_s"]).isNotNull().alias("full_coverage"),
         *[(coverage_time_us(bp) / US).alias(name) for name, bp in HEADLINE_BP.items()],
         "max_hops",

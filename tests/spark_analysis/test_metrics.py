@@ -151,3 +151,23 @@ def test_counts_percentile_matches_linear_interpolation():
     assert counts_percentile(hist, 0.99) == pytest.approx(1.79)
     assert counts_percentile([(5, 1)], 0.99) == 5.0
     assert counts_percentile([], 0.5) is None
+
+
+def test_event_older_than_every_trace_has_no_alive_nodes(spark, tmp_path):
+    # x's traces begin at 10 s (older files rotated away); the event was made at 5 s by
+    # a node whose traces are missing. Nobody was provably alive then: no coverage,
+    # and no division by zero under Spark's ANSI mode.
+    recs = [
+        trace_record(ts_us=10 * S, node="x", kind="broadcast", origin="y", origin_ts_us=5 * S,
+                     event_id="old", hops=1),
+        trace_record(ts_us=20 * S, node="x", kind="broadcast", event_id="new"),
+    ]
+    traces = load_traces(spark, [str(write_traces(tmp_path, recs))]).traces
+    life = lifetimes.node_lifetimes(traces)
+    heads = dissemination.alive_counts(traces, life)
+    events = dissemination.event_table(
+        dissemination.delay_arrays(dissemination.observations(traces, life, heads), heads)
+    )
+    got = {r["event_id"]: (r["alive_nodes"], r["observed_nodes"], r["coverage"], r["t100_s"])
+           for r in events.collect()}
+    assert got == {"old": (0, 0, None, None), "new": (1, 1, 1.0, 0.0)}
