@@ -1,9 +1,12 @@
 """One MQTT client connection: the Trio shell around the codec and the broker.
 
-Two tasks per connection and no task per message: the reader decodes packets and
+One task per idle connection and no task per message: the reader decodes packets and
 handles each synchronously (the broker never awaits); handlers append encoded bytes to
-this connection's outbox, and the writer flushes the whole outbox in one `send_all`
-per wake-up, which coalesces writes per scheduler tick.
+this connection's outbox. The first write into an empty outbox starts a writer task (in
+the node's connection nursery) that flushes the whole outbox in one `send_all` per
+round, which coalesces writes per scheduler tick, and ends once the outbox is empty: an
+idle connection costs one task, one cancel scope (connect timeout, then keep alive)
+and no Event.
 
 Back-pressure: QoS 1/2 deliveries beyond the inflight window wait in the session queue
 (bounded by `max_queued_messages`); QoS 0 deliveries are dropped, and counted, while
@@ -14,6 +17,7 @@ never makes the node grow without bound).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import replace
@@ -72,13 +76,14 @@ class ClientConnection:
     __slots__ = (
         "broker", "stream", "peer", "transport", "decoder", "protocol_level", "client_id",
         "session", "keep_alive", "will", "username", "send_window", "client_max_packet",
-        "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_stop_writer",
-        "_outbox", "_outbox_bytes", "_wake", "_reader_scope", "request_problem_info",
+        "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_writing",
+        "_outbox", "_outbox_bytes", "_writer_done", "_spawn", "_reader_scope", "request_problem_info",
         "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay", "acl_generation",
     )
 
     def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0,
-                 security: "Security | None" = None, peer_ip: str = "", cert_cn: str | None = None) -> None:
+                 security: "Security | None" = None, peer_ip: str = "", cert_cn: str | None = None,
+                 nursery: trio.Nursery | None = None) -> None:
         self.broker = broker
         self.stream = stream
         self.peer = peer
@@ -108,10 +113,13 @@ class ClientConnection:
         self.request_problem_info = True
         self.closing = False
         self.close_reason: int | None = None
-        self._stop_writer = False
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
-        self._wake = trio.Event()
+        # True while a writer task (or the final flush) owns the outbox: a write then
+        # only appends; otherwise the write starts a writer.
+        self._writing = False
+        self._writer_done: trio.Event | None = None  # made only when close waits for a writer
+        self._spawn = nursery.start_soon if nursery is not None else None
         self._reader_scope: trio.CancelScope | None = None
         # Acks waiting for a sync or a remote node; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, Any]] | None = None
@@ -121,7 +129,10 @@ class ClientConnection:
     def write(self, data: bytes) -> None:
         self._outbox.append(data)
         self._outbox_bytes += len(data)
-        self._wake.set()
+        if not self._writing:
+            self._writing = True
+            assert self._spawn is not None
+            self._spawn(self._writer)
 
     def send(self, packet: Any) -> None:
         self.write(encode(packet, self.protocol_level))
@@ -249,19 +260,35 @@ class ClientConnection:
     # ------------------------------------------------------------------- run
 
     async def run(self) -> None:
-        try:
-            connect = await self._read_connect()
-            if connect is None or not await self._handle_connect(connect, time.time()):
-                return
+        if self._spawn is None:
+            # No nursery given: writers run in a nursery of our own.
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer)
-                await self._read_loop()
-                # Let the writer flush what is left (e.g. a DISCONNECT), within bounds.
-                self._stop_writer = True
-                self._wake.set()
-                nursery.cancel_scope.deadline = trio.current_time() + FLUSH_ON_CLOSE_TIMEOUT
+                self._spawn = nursery.start_soon
+                await self.run()
+            return
+        try:
+            # One cancel scope for the whole read side: the CONNECT deadline first
+            # (MQTT-3.1.0-1), then the keep-alive deadline; close() cancels it.
+            with trio.CancelScope(deadline=trio.current_time() + self.connect_timeout) as scope:
+                self._reader_scope = scope
+                connect = await self._read_connect()
+                if connect is None:
+                    return
+                scope.deadline = math.inf
+                if not await self._handle_connect(connect, time.time()):
+                    return
+                await self._read_loop(scope)
+            if scope.cancelled_caught and not self.closing:
+                if self.session is None:
+                    log.info("%s: no CONNECT within %.0f s; closing", self.peer, self.connect_timeout)
+                else:
+                    log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, self.keep_alive * 1.5)
+                    self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("%s: connection lost: %s", self.peer, group.exceptions[0])
+        except* Exception:
+            # A bug in one connection must not take the listener (or the node) down.
+            log.exception("%s: connection failed", self.peer)
         finally:
             with trio.CancelScope(shield=True):
                 if self.session is not None:
@@ -270,26 +297,23 @@ class ClientConnection:
                 await self.stream.aclose()
 
     async def _read_connect(self) -> Connect | None:
-        """First packet must be CONNECT within `connect_timeout` (MQTT-3.1.0-1)."""
-        with trio.move_on_after(self.connect_timeout):
-            while True:
-                data = await self.stream.receive_some(READ_SIZE)
-                if not data:
+        """First packet must be CONNECT (within the caller's deadline)."""
+        while True:
+            data = await self.stream.receive_some(READ_SIZE)
+            if not data:
+                return None
+            self.broker.stats.bytes_in += len(data)
+            try:
+                self.decoder.feed(data)
+                packet = self.decoder.next_packet()
+            except MQTTError as exc:
+                self._answer_bad_connect(exc)
+                return None
+            if packet is not None:
+                if not isinstance(packet, Connect):
+                    log.info("%s: first packet was not CONNECT; closing", self.peer)
                     return None
-                self.broker.stats.bytes_in += len(data)
-                try:
-                    self.decoder.feed(data)
-                    packet = self.decoder.next_packet()
-                except MQTTError as exc:
-                    self._answer_bad_connect(exc)
-                    return None
-                if packet is not None:
-                    if not isinstance(packet, Connect):
-                        log.info("%s: first packet was not CONNECT; closing", self.peer)
-                        return None
-                    return packet
-        log.info("%s: no CONNECT within %.0f s; closing", self.peer, self.connect_timeout)
-        return None
+                return packet
 
     def _answer_bad_connect(self, exc: MQTTError) -> None:
         self.broker.stats.protocol_errors += 1
@@ -398,45 +422,40 @@ class ClientConnection:
             self._resume(now)
         return True
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, scope: trio.CancelScope) -> None:
         """Read and handle packets until the connection ends."""
         decoder = self.decoder
         stats = self.broker.stats
         receive = self.stream.receive_some
         grace = self.keep_alive * 1.5
-        with trio.CancelScope() as self._reader_scope:
-            # Packets that arrived together with CONNECT.
+        # Packets that arrived together with CONNECT.
+        if self._handle_buffered():
+            return
+        # One keep-alive deadline pushed forward on every read (MQTT-3.1.2-22),
+        # not a cancel scope per read.
+        if grace:
+            scope.deadline = trio.current_time() + grace
+        while True:
+            data = await receive(READ_SIZE)
+            if not data:
+                return
+            stats.bytes_in += len(data)
+            if grace:
+                scope.deadline = trio.current_time() + grace
+            try:
+                decoder.feed(data)
+            except MQTTError as exc:
+                self._protocol_violation(exc)
+                return
             if self._handle_buffered():
                 return
-            # One keep-alive deadline pushed forward on every read (MQTT-3.1.2-22),
-            # not a cancel scope per read.
-            with trio.CancelScope() as keepalive:
-                if grace:
-                    keepalive.deadline = trio.current_time() + grace
-                while True:
-                    data = await receive(READ_SIZE)
-                    if not data:
-                        return
-                    stats.bytes_in += len(data)
-                    if grace:
-                        keepalive.deadline = trio.current_time() + grace
-                    try:
-                        decoder.feed(data)
-                    except MQTTError as exc:
-                        self._protocol_violation(exc)
-                        return
-                    if self._handle_buffered():
-                        return
-                    if self._rate_delay:
-                        # publish_rate: read nothing more from this client until the
-                        # PUBLISH that went over the rate has earned its token.
-                        delay, self._rate_delay = self._rate_delay, 0.0
-                        await trio.sleep(delay)
-                        assert self._publish_bucket is not None
-                        self._publish_bucket.take(time.time())
-            if keepalive.cancelled_caught:
-                log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, grace)
-                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+            if self._rate_delay:
+                # publish_rate: read nothing more from this client until the
+                # PUBLISH that went over the rate has earned its token.
+                delay, self._rate_delay = self._rate_delay, 0.0
+                await trio.sleep(delay)
+                assert self._publish_bucket is not None
+                self._publish_bucket.take(time.time())
 
     def _handle_buffered(self) -> bool:
         """Handle every complete packet in the decoder; True when the connection must end."""
@@ -459,30 +478,44 @@ class ClientConnection:
         self.close(exc.reason_code)
 
     async def _writer(self) -> None:
+        """Flush the outbox until it is empty, then end (started by `write`)."""
         stream = self.stream
         stats = self.broker.stats
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
+        outbox = self._outbox
+        try:
+            while outbox:
+                data = b"".join(outbox)
+                outbox.clear()
+                self._outbox_bytes = 0
+                stats.bytes_out += len(data)
+                await stream.send_all(data)
+        except Exception as exc:
+            # Runs in the node's nursery: a failed send ends this connection, never the node.
+            if not isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+                log.exception("%s: writer failed", self.peer)
+            else:
+                log.debug("%s: send failed: %s", self.peer, exc)
+            outbox.clear()
+            self._outbox_bytes = 0
+            self.close()
+        finally:
+            if self._writer_done is None:
+                self._writing = False
+            else:
+                self._writer_done.set()  # closing: the final flush owns the outbox now
+
+    async def _final_flush(self) -> None:
+        """Wait for a running writer, then send what is left (e.g. a DISCONNECT)."""
+        with trio.move_on_after(FLUSH_ON_CLOSE_TIMEOUT):
+            if self._writing:
+                self._writer_done = trio.Event()
+                await self._writer_done.wait()
+            self._writing = True  # from now on nothing starts a writer
             if not self._outbox:
-                if self._stop_writer:
-                    return
-                continue
+                return
             data = b"".join(self._outbox)
             self._outbox.clear()
             self._outbox_bytes = 0
-            stats.bytes_out += len(data)
-            await stream.send_all(data)
-            if self._stop_writer and not self._outbox:
-                return
-
-    async def _final_flush(self) -> None:
-        if not self._outbox:
-            return
-        data = b"".join(self._outbox)
-        self._outbox.clear()
-        self._outbox_bytes = 0
-        with trio.move_on_after(FLUSH_ON_CLOSE_TIMEOUT):
             try:
                 await self.stream.send_all(data)
                 self.broker.stats.bytes_out += len(data)

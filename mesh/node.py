@@ -52,6 +52,9 @@ def _bind_error(key: str, addr: HostPort, exc: OSError) -> ConfigError:
     return ConfigError(key, f"cannot listen on {addr}: {exc.strerror or exc}")
 
 
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+
+
 def _first_oserror(exc: BaseException) -> OSError | None:
     if isinstance(exc, OSError):
         return exc
@@ -110,6 +113,7 @@ class Node:
         self._shutdown = trio.Event()
         self._timer_wake = trio.Event()
         self.broker.on_timer_change = self._timer_wake.set
+        self._connections: trio.Nursery | None = None  # set by serve(): every client task runs here
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -120,6 +124,7 @@ class Node:
     async def serve(self, *, task_status: trio.TaskStatus[dict[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
         async with trio.open_nursery() as connections:
+            self._connections = connections
             async with trio.open_nursery() as services:
                 self.ports["gossip"] = await self._start_gossip(services, s.gossip)
                 await services.start(self.cluster.run)
@@ -175,11 +180,28 @@ class Node:
             raise _bind_error(key, addr, exc) from exc
 
     async def _serve_tcp(self, listeners: list[trio.SocketListener], connections: trio.Nursery) -> None:
-        await trio.serve_listeners(self._handle_tcp, listeners, handler_nursery=connections)
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_tcp, listener, connections)
 
-    async def _handle_tcp(self, stream: trio.SocketStream) -> None:
-        host, peer = _peer_of(stream)
-        await self._run_connection(stream, peer, "tcp", host)
+    async def _accept_tcp(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        """trio.serve_listeners without its per-connection wrapper task frame: each
+        client is one `ClientConnection.run` task in the connections nursery."""
+        settings = self.settings
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                # Out of file descriptors or memory: wait for some to free, as trio does.
+                log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno))
+                await trio.sleep(0.1)
+                continue
+            host, peer = _peer_of(stream)
+            conn = ClientConnection(self.broker, stream, peer, "tcp", connect_timeout=settings.connect_timeout,
+                                    security=self.security, peer_ip=host, nursery=connections)
+            connections.start_soon(conn.run)
 
     async def _serve_tls(self, listeners: list[trio.SocketListener], connections: trio.Nursery, handler: Any) -> None:
         await trio.serve_listeners(handler, listeners, handler_nursery=connections)
@@ -207,12 +229,8 @@ class Node:
 
     async def _run_connection(self, stream: Any, peer: str, transport: str, peer_ip: str = "", cert_cn: str | None = None) -> None:
         conn = ClientConnection(self.broker, stream, peer, transport, connect_timeout=self.settings.connect_timeout,
-                                security=self.security, peer_ip=peer_ip, cert_cn=cert_cn)
-        try:
-            await conn.run()
-        except Exception:
-            # A bug in one connection must not take the listener (or the node) down.
-            log.exception("%s: connection failed", peer)
+                                security=self.security, peer_ip=peer_ip, cert_cn=cert_cn, nursery=self._connections)
+        await conn.run()
 
     async def _start_ws(self, services: trio.Nursery, connections: trio.Nursery, addr: HostPort) -> int:
         path = self.settings.ws_path
