@@ -263,3 +263,13 @@ def test_disconnect_cannot_raise_zero_expiry(node):
     raw.send(Disconnect(properties=Properties(session_expiry_interval=100)))
     packets = recv_until_close(raw)
     assert [(type(p).__name__, p.reason_code) for p in packets] == [("Disconnect", 0x82)]
+
+
+def test_topic_alias_above_maximum_gets_0x94(node_factory):
+    node = node_factory(topic_alias_maximum=2)
+    raw = Raw(node.mqtt_port)
+    ack = raw.connect()
+    assert ack.properties.topic_alias_maximum == 2
+    raw.send(Publish(topic="a", payload=b"x", properties=Properties(topic_alias=3)))
+    packets = recv_until_close(raw)
+    assert [(type(p).__name__, p.reason_code) for p in packets] == [("Disconnect", 0x94)]
