@@ -20,6 +20,7 @@ import logging
 import os
 import math
 import signal
+import socket
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 from mesh import __version__
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
-from mesh.connection import ClientConnection
+from mesh.connection import ClientConnection, SocketByteStream
 from mesh.mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
@@ -188,20 +189,37 @@ class Node:
         """trio.serve_listeners without its per-connection wrapper task frame: each
         client is one `ClientConnection.run` task in the connections nursery."""
         settings = self.settings
-        while True:
+        async with listener:
+            # Accept on a plain socket (a dup of the listener's): each client is a bare
+            # socket.socket in a SocketByteStream, not a trio socket and SocketStream.
+            raw = socket.socket(fileno=os.dup(listener.socket.fileno()))
+            raw.setblocking(False)
             try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                    raise
-                # Out of file descriptors or memory: wait for some to free, as trio does.
-                log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno))
-                await trio.sleep(0.1)
-                continue
-            host, peer = _peer_of(stream)
-            conn = ClientConnection(self.broker, stream, peer, "tcp", connect_timeout=settings.connect_timeout,
-                                    security=self.security, peer_ip=host, nursery=connections)
-            connections.start_soon(conn.run)
+                while True:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    try:
+                        sock, addr = raw.accept()
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(raw)
+                        continue
+                    except OSError as exc:
+                        if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                            raise
+                        # Out of file descriptors or memory: wait for some to free, as trio does.
+                        log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno))
+                        await trio.sleep(0.1)
+                        continue
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if sock.family in (socket.AF_INET, socket.AF_INET6):
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    host = str(addr[0]) if isinstance(addr, tuple) else ""
+                    peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
+                    conn = ClientConnection(self.broker, SocketByteStream(sock), peer, "tcp",
+                                            connect_timeout=settings.connect_timeout,
+                                            security=self.security, peer_ip=host, nursery=connections)
+                    connections.start_soon(conn.run)
+            finally:
+                raw.close()
 
     async def _serve_tls(self, listeners: list[trio.SocketListener], connections: trio.Nursery, handler: Any) -> None:
         await trio.serve_listeners(handler, listeners, handler_nursery=connections)
