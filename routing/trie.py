@@ -25,7 +25,7 @@ V = TypeVar("V")
 
 
 class _Node:
-    __slots__ = ("children", "values", "parent", "key")
+    __slots__ = ("children", "values", "parent", "key", "filter")
 
     def __init__(self, parent: _Node | None, key: str) -> None:
         self.children: dict[str, _Node] = {}
@@ -33,6 +33,9 @@ class _Node:
         self.values: set | None = None
         self.parent = parent
         self.key = key
+        # The whole filter of a node that holds values, kept so a match need not
+        # rebuild it from the parents.
+        self.filter = ""
 
 
 class TopicTrie(Generic[V]):
@@ -63,6 +66,7 @@ class TopicTrie(Generic[V]):
         values = node.values
         if values is None:
             node.values = {value}
+            node.filter = topic_filter
             self._filter_count += 1
         elif value in values:
             return False
@@ -163,7 +167,10 @@ class TopicTrie(Generic[V]):
             node, i = stack.pop()
 
     def match_filters(self, topic: str) -> list[tuple[str, set[V]]]:
-        """Each matching filter with its values (a copy of the set)."""
+        """Each matching filter with its values.
+
+        The sets are the trie's own (no copy per publish): read them before the
+        trie changes again and never mutate them."""
         out: list[tuple[str, set[V]]] = []
         levels = topic.split("/")
         n = len(levels)
@@ -177,7 +184,7 @@ class TopicTrie(Generic[V]):
             if wild:
                 h = children.get("#")
                 if h is not None and h.values:
-                    out.append((_path(h), set(h.values)))
+                    out.append((h.filter, h.values))
             if i == n:
                 continue
             keys = (levels[i], "+") if wild else (levels[i],)
@@ -186,7 +193,7 @@ class TopicTrie(Generic[V]):
                 if child is None:
                     continue
                 if i + 1 == n and child.values:
-                    out.append((_path(child), set(child.values)))
+                    out.append((child.filter, child.values))
                 stack.append((child, i + 1))
         return out
 
