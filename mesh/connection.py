@@ -51,6 +51,7 @@ from mesh.mqtt import (
     encode,
     patch_publish,
 )
+from mesh.mqtt.encoder import encode_plain_publish
 from mesh.acl import ClientAcl
 from mesh.limits import TokenBucket
 from routing.links import AckGate
@@ -256,8 +257,9 @@ class ClientConnection:
             data = cache.get(key)
         if data is None:
             topic = msg.topic
-            props = msg.properties if level == 5 else EMPTY_PROPERTIES
+            props = EMPTY_PROPERTIES
             if level == 5:
+                props = msg.properties
                 changes: dict[str, Any] = {}
                 if d.subscription_ids:
                     changes["subscription_identifiers"] = d.subscription_ids
@@ -277,11 +279,14 @@ class ClientConnection:
                         changes["topic_alias"] = alias
                 if changes:
                     props = replace(props, **changes)
-            data = encode(
-                Publish(topic=topic, payload=msg.payload, qos=d.qos, retain=d.retain, dup=dup,
-                        packet_id=packet_id if d.qos else None, properties=props),
-                level,
-            )
+            if props is EMPTY_PROPERTIES:
+                data = encode_plain_publish(topic, msg.payload, d.qos, d.retain, dup, packet_id if d.qos else None, level)
+            else:
+                data = encode(
+                    Publish(topic=topic, payload=msg.payload, qos=d.qos, retain=d.retain, dup=dup,
+                            packet_id=packet_id if d.qos else None, properties=props),
+                    level,
+                )
             if self.client_max_packet is not None and len(data) > self.client_max_packet:
                 # MQTT-3.1.2-25: too big for this client: discard as if delivered.
                 self.broker.stats.dropped_too_large += 1

@@ -46,7 +46,7 @@ from .reason_codes import (
 )
 from .topics import validate_topic_filter
 
-__all__ = ["encode", "patch_publish"]
+__all__ = ["encode", "encode_plain_publish", "patch_publish"]
 
 _LEVELS = (3, 4, 5)
 _PINGREQ = b"\xc0\x00"
@@ -118,6 +118,30 @@ def _encode_publish(p: Publish, level: int) -> bytes:
         if not isinstance(payload, (bytearray, memoryview)):
             raise LocalProtocolError(f"payload must be bytes, not {type(payload).__name__}")
         payload = bytes(payload)
+    return b"".join((bytes((first,)), encode_varint(len(header) + len(payload)), header, payload))
+
+
+def encode_plain_publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None,
+                         protocol_level: int) -> bytes:
+    """The bytes `encode(Publish(...))` gives for a PUBLISH with no properties, without
+    building the `Publish` (the broker's delivery path, once per message or subscriber).
+
+    For topics and payloads that passed validation already (a decoded PUBLISH, a will):
+    only the packet id is checked here."""
+    raw = topic.encode("utf-8")
+    first = 0x30 | (qos << 1)
+    if retain:
+        first |= 0x01
+    if qos:
+        if dup:
+            first |= 0x08
+        if type(packet_id) is not int or not 0 < packet_id <= 0xFFFF:
+            raise LocalProtocolError(f"QoS {qos} PUBLISH needs a packet id 1..65535, not {packet_id!r}")
+        header = len(raw).to_bytes(2, "big") + raw + packet_id.to_bytes(2, "big")
+    else:
+        header = len(raw).to_bytes(2, "big") + raw
+    if protocol_level == 5:
+        header += b"\x00"  # property length 0
     return b"".join((bytes((first,)), encode_varint(len(header) + len(payload)), header, payload))
 
 
