@@ -401,6 +401,23 @@ class Broker:
             return 0
         sessions = self.sessions
         cache: dict[Any, bytes] = {}
+        if len(matches) == 1 and not shared_keys:
+            # One filter and no shared group (the common case): no session can match
+            # twice, so nothing to merge: no targets dict, no list per subscriber.
+            topic_filter, client_ids = matches[0]
+            msg_qos = msg.qos
+            delivered = 0
+            for client_id in client_ids:
+                session = sessions[client_id]
+                options = session.subscriptions[topic_filter]
+                if options.no_local and client_id == msg.publisher:
+                    continue
+                sub_id = options.subscription_id
+                self.deliver(session, Delivery(msg, options.qos if options.qos < msg_qos else msg_qos,
+                                               msg.retain and options.retain_as_published,
+                                               (sub_id,) if sub_id else ()), now, cache)
+                delivered += 1
+            return delivered
         # One copy per session: highest QoS, every subscription identifier (MQTT-3.3.4-2..5).
         targets: dict[str, list[Any]] = {}
         for topic_filter, client_ids in matches:
