@@ -644,7 +644,8 @@ class Broker:
                 ids.append(delivery.message.msg_id)
             session.queue.extend(stored.queue)
             ids.extend(d.message.msg_id for d in stored.queue)
-            session.qos2_in.update(stored.qos2_in)
+            if stored.qos2_in:
+                session.qos2_in.update(stored.qos2_in)
             if stored.disconnected_at is None:
                 self._store_meta(session)
             if stored.will is not None:

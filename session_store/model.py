@@ -117,7 +117,8 @@ class Session:
     # The queue is created on first use: an empty deque costs ~0.6 KB, and most
     # sessions (clean, keeping up) never queue anything. Read it through `queue`.
     _queue: deque[Delivery] | None = field(default=None, repr=False, compare=False)
-    qos2_in: set[int] = field(default_factory=set)
+    # Created on first use too (an empty set is ~0.2 KB): only QoS 2 publishers need it.
+    _qos2_in: set[int] | None = field(default=None, repr=False, compare=False)
     will: Any = None
     disconnected_at: float | None = None
     dropped: int = 0
@@ -131,6 +132,13 @@ class Session:
         if queue is None:
             queue = self._queue = deque()
         return queue
+
+    @property
+    def qos2_in(self) -> set[int]:
+        qos2_in = self._qos2_in
+        if qos2_in is None:
+            qos2_in = self._qos2_in = set()
+        return qos2_in
 
     @property
     def queued(self) -> int:
