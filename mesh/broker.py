@@ -61,7 +61,7 @@ class BrokerStats:
     __slots__ = (
         "messages_in", "messages_out", "bytes_in", "bytes_out", "dropped_queue_full",
         "dropped_slow_consumer", "dropped_expired", "dropped_too_large", "connections_total",
-        "protocol_errors", "retained_set",
+        "protocol_errors", "retained_set", "window_full",
     )
 
     def __init__(self) -> None:
@@ -76,6 +76,7 @@ class BrokerStats:
         self.connections_total = 0
         self.protocol_errors = 0
         self.retained_set = 0
+        self.window_full = 0  # QoS >= 1 deliveries queued behind a full inflight window
 
 
 # Properties of an inbound PUBLISH that are per-hop and never forwarded.

@@ -241,6 +241,7 @@ class ClientConnection:
             self._send_publish(delivery, None, False, now, cache)
             return
         if session.queued or len(session.inflight) >= self.send_window:
+            self.broker.stats.window_full += 1
             self.broker.enqueue(session, delivery)
             return
         pid = session.allocate_packet_id()
@@ -549,6 +550,9 @@ class ClientConnection:
 
     def _protocol_violation(self, exc: MQTTError) -> None:
         self.broker.stats.protocol_errors += 1
+        limit = _LIMIT_BY_REASON.get(exc.reason_code)
+        if limit is not None and self.security is not None:
+            self.security.limits_hit[limit] += 1
         log.info("%s: %s protocol violation: %s (reason 0x%02X); closing", self.peer, self.client_id, exc, exc.reason_code)
         self.close(exc.reason_code)
 
@@ -832,6 +836,14 @@ class ClientConnection:
                 return
             self.broker.set_expiry(session, expiry)
         self.closing = True
+
+
+# Protocol violations that are a configured limit biting, counted per limit.
+_LIMIT_BY_REASON = {
+    ReasonCode.PACKET_TOO_LARGE: "max_packet_size",
+    ReasonCode.TOPIC_ALIAS_INVALID: "topic_alias_maximum",
+    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED: "receive_maximum",
+}
 
 
 def _error(code: int, message: str) -> MQTTError:

@@ -66,8 +66,9 @@ def node_metrics(node: "Node") -> Metrics:
     )
     m.counter_callback("meshd_acl_denied_total", "publishes and subscriptions refused by the ACL, by action",
                        lambda: dict(security.acl_denied), ("action",))
-    m.counter_callback("meshd_limits_hit_total", "times a limit refused or slowed a client, by limit",
-                       lambda: dict(security.limits_hit), ("limit",))
+    m.counter_callback("meshd_limits_hit_total", "times a limit refused, slowed or queued something, by limit",
+                       lambda: {**security.limits_hit, "max_inflight": stats.window_full,
+                                "max_queued_messages": stats.dropped_queue_full}, ("limit",))
     return m
 
 

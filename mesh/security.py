@@ -27,7 +27,7 @@ log = logging.getLogger("meshd.security")
 
 WATCH_INTERVAL = 2.0
 LIMITS = ("max_connections", "connection_rate", "memory_limit", "max_subscriptions_per_client",
-          "max_topic_levels", "publish_rate", "max_packet_size")
+          "max_topic_levels", "publish_rate", "max_packet_size", "topic_alias_maximum", "receive_maximum")
 
 
 class Security:

@@ -302,3 +302,30 @@ def test_sighup_reloads_the_acl(tmp_path):
         assert [rc.value for rc in c.subscribe("a/1", 0)] == [0]  # the live connection sees the new rules
         assert [rc.value for rc in c.subscribe("b/1", 0)] == [0x87]
         assert node.proc.poll() is None  # SIGHUP does not stop the node
+
+
+def test_protocol_limits_are_counted(node_factory):
+    from mesh.mqtt import Properties, Publish
+    from tests.mesh.test_broker_raw import Raw, recv_until_close
+
+    node = node_factory(max_packet_size=256, topic_alias_maximum=1, max_inflight=1)
+    raw = Raw(node.mqtt_port)
+    raw.connect(client_id="big")
+    raw.send(Publish(topic="t", payload=b"x" * 1000))
+    assert recv_until_close(raw)[-1].reason_code == 0x95
+    raw = Raw(node.mqtt_port)
+    raw.connect(client_id="alias")
+    raw.send(Publish(topic="t", payload=b"x", properties=Properties(topic_alias=2)))
+    assert recv_until_close(raw)[-1].reason_code == 0x94
+    sub = Client("window", version=5)
+    sub.connect(node.mqtt_port)
+    sub.subscribe("w", 1)
+    pub = Client("p", version=5)
+    pub.connect(node.mqtt_port)
+    for i in range(5):
+        pub.publish("w", b"x", qos=1, wait=False)
+    sub.expect(5)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{node.ports['http']}/metrics", timeout=5).read().decode()
+    for limit in ("max_packet_size", "topic_alias_maximum"):
+        assert re.search(rf'^meshd_limits_hit_total\{{limit="{limit}"\}} 1$', text, re.M), limit
+    assert re.search(r'^meshd_limits_hit_total\{limit="max_inflight"\} [1-9]', text, re.M)
