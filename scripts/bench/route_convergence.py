@@ -41,17 +41,23 @@ def start_cluster(n: int, preset: str, workdir: str) -> list[MeshdProcess]:
                      "--log-level", "warning", http=True, gossip_port=ports[i], node_id=f"n{i}")
         for i in range(n)
     ]
-    for node in nodes:
-        node.start()
-    deadline = time.monotonic() + 60
-    for node in nodes:
-        while True:
-            _, body = request_json(node.http_addr, "GET", "/api/v1/members")
-            if sum(m["state"] == "alive" for m in body["members"]) == n:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("cluster did not converge")
-            time.sleep(0.1)
+    try:
+        for node in nodes:
+            node.start()
+        deadline = time.monotonic() + 60
+        for node in nodes:
+            while True:
+                _, body = request_json(node.http_addr, "GET", "/api/v1/members")
+                if sum(m["state"] == "alive" for m in body["members"]) == n:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("cluster did not converge")
+                time.sleep(0.1)
+    except BaseException:
+        # Never leave processes behind when the cluster cannot be brought up.
+        for node in nodes:
+            node.__exit__()
+        raise
     return nodes
 
 
