@@ -46,12 +46,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import tomllib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from mesh.auth import file_signature
 from mesh.mqtt.errors import TopicFilterInvalid
 from mesh.mqtt.topics import parse_shared_subscription, topic_matches, validate_topic_filter
 
@@ -455,14 +455,6 @@ class Acl:
 
 
 
-def _file_signature(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
-
-
 class AclFile:
     """The `acl_file` setting: the current `Acl`, re-read on SIGHUP or when it changes.
 
@@ -474,7 +466,7 @@ class AclFile:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self._signature = _file_signature(path) if path else None
+        self._signature = file_signature(path) if path else None
         self.acl = Acl.from_file(path) if path else Acl.allow_all()
         self.generation = 0  # bumped on each successful reload
 
@@ -482,7 +474,7 @@ class AclFile:
         """Re-read now; True if the new rules are in force."""
         if not self.path:
             return False
-        self._signature = _file_signature(self.path)
+        self._signature = file_signature(self.path)
         try:
             acl = Acl.from_file(self.path)
         except AclError as e:
@@ -495,6 +487,6 @@ class AclFile:
 
     def reload_if_changed(self) -> bool:
         """Re-read if mtime, size or inode changed since the last read."""
-        if not self.path or _file_signature(self.path) == self._signature:
+        if not self.path or file_signature(self.path) == self._signature:
             return False
         return self.reload()

@@ -201,7 +201,8 @@ class PasswordFileIssue:
         return f"{self.path}:{self.line}: {self.message}"
 
 
-def _file_signature(path: str) -> tuple[int, int, int, int] | None:
+def file_signature(path: str) -> tuple[int, int, int, int] | None:
+    """What tells a re-read file from the one read before (mtime, size, inode, device)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -227,7 +228,7 @@ class PasswordFile:
 
     @classmethod
     def load(cls, path: str) -> "PasswordFile":
-        signature = _file_signature(path)
+        signature = file_signature(path)
         entries, issues = cls._read(path)
         for issue in issues:
             log.warning("password file %s", issue)
@@ -314,7 +315,7 @@ class PasswordFile:
 
     def reload(self) -> bool:
         """Re-read the file now (SIGHUP). True if it was read; on failure keep the old entries."""
-        signature = _file_signature(self.path)
+        signature = file_signature(self.path)
         try:
             entries, issues = self._read(self.path)
         except PasswordFileError as e:
@@ -332,7 +333,7 @@ class PasswordFile:
 
     def reload_if_changed(self) -> bool:
         """Re-read if mtime, size or inode changed since the last read; True if reloaded."""
-        signature = _file_signature(self.path)
+        signature = file_signature(self.path)
         if signature == self._signature:
             return False
         return self.reload()
