@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -103,7 +104,9 @@ class Broker:
         self._timers: list[tuple[float, int, str, str, int]] = []
         self._timer_seq = itertools.count()
         self._pending_wills: dict[str, tuple[int, Any]] = {}
-        self._msg_ids = itertools.count(1)
+        # Seeded from the clock so ids from before a restart (still queued somewhere)
+        # never equal new ones: (origin, msg_id) must name one message cluster-wide.
+        self._msg_ids = itertools.count(int(time.time() * 1000) * 1000)
         # Set by the node: called when an earlier timer deadline appears.
         self.on_timer_change: Callable[[], None] = lambda: None
         # The mesh (routing.cluster.Cluster) when this node is part of one.
@@ -224,7 +227,7 @@ class Broker:
             expires_at = now + props.message_expiry_interval
         if props is not EMPTY_PROPERTIES:
             props = replace(props, will_delay_interval=None, message_expiry_interval=None)
-        msg = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at, client_id, next(self._msg_ids))
+        msg = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at, client_id, next(self._msg_ids), self.node_id)
         log.debug("publishing will of %s on %s", client_id, will.topic)
         self.publish(msg, now)
 
@@ -345,7 +348,7 @@ class Broker:
                 expires_at = now + properties.message_expiry_interval
             if properties.topic_alias is not None or properties.subscription_identifiers:
                 properties = replace(properties, **_PER_HOP)
-        return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids))
+        return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids), self.node_id)
 
     def publish(self, msg: Message, now: float, *, internal: bool = False, gate: Any = None) -> int:
         """Route a message published by a local client (or the node itself) to every

@@ -34,7 +34,7 @@ class Message:
     alias, no subscription identifiers: those are per delivery).
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "properties", "expires_at", "publisher", "msg_id")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "expires_at", "publisher", "msg_id", "origin")
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class Message:
         expires_at: float | None = None,
         publisher: str | None = None,
         msg_id: int = 0,
+        origin: str | None = None,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -55,6 +56,9 @@ class Message:
         self.expires_at = expires_at
         self.publisher = publisher
         self.msg_id = msg_id
+        # The node that accepted the publish: (origin, msg_id) names a message
+        # cluster-wide, which is how a session handoff drops copies that came twice.
+        self.origin = origin
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

@@ -82,6 +82,7 @@ def message_map(msg: Message) -> dict[str, Any]:
         "x": msg.expires_at,
         "f": msg.publisher,
         "i": msg.msg_id,
+        "o": msg.origin,
         "pr": _properties_to_map(msg.properties),
     }
 
@@ -92,7 +93,7 @@ def message_from_map(m: dict[str, Any]) -> Message:
     try:
         return Message(
             str(m["t"]), bytes(m["p"]), int(m["q"]), bool(m["r"]), _properties_from_map(m.get("pr")),
-            m.get("x"), m.get("f"), int(m.get("i") or 0),
+            m.get("x"), m.get("f"), int(m.get("i") or 0), m.get("o"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"bad message record: {exc}") from None
