@@ -55,11 +55,17 @@ class GossipConfig:
     tcp_fallback: bool = True
     # A seed join is retried this often while we know no live member.
     rejoin_interval: float = 5.0
-    # Every reconnect_interval we try a push-pull with one member we consider dead
-    # (serf's reconnect), for reconnect_timeout after we lost it, so the two sides of
-    # a healed partition find each other again without an operator.
-    reconnect_interval: float = 10.0
-    reconnect_timeout: float = 3600.0
+    # Every reconnect_interval we may try a push-pull with one member we consider
+    # dead (serf's reconnect: with probability lost / alive, so the cluster as a
+    # whole tries each lost member about once per interval).  Each lost member backs
+    # off from reconnect_interval, doubling, up to reconnect_max_interval, and is
+    # tried for reconnect_dead_for after we lost it (days: serf gives up after 24 h
+    # and stays split for good), so the two sides of a healed partition find each
+    # other again without an operator.  The cap bounds how long a heal waits for the
+    # first contact after the link returns.
+    reconnect_interval: float = 2.0
+    reconnect_max_interval: float = 8.0
+    reconnect_dead_for: float = 3 * 24 * 3600.0
     # UDP payload bound: stays under a 1,500-byte Ethernet MTU with IP/UDP headers.
     udp_buffer_size: int = 1400
 
@@ -82,6 +88,8 @@ WAN = GossipConfig(
     dead_reclaim_time=120.0,
     suspicion_mult=6,
     push_pull_interval=60.0,
+    reconnect_interval=5.0,
+    reconnect_max_interval=30.0,
 )
 
 # Loopback and tests: same shape as LAN, ten times faster.
@@ -94,7 +102,8 @@ LOCAL = GossipConfig(
     suspicion_mult=3,
     push_pull_interval=5.0,
     rejoin_interval=0.5,
-    reconnect_interval=1.0,
+    reconnect_interval=0.2,
+    reconnect_max_interval=0.8,
 )
 
 PRESETS: dict[str, GossipConfig] = {"lan": LAN, "wan": WAN, "local": LOCAL}

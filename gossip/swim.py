@@ -171,6 +171,8 @@ class Swim:
         self._schedule(now + config.reconnect_interval * (1 + rng.random()), _T_RECONNECT, None)
         # members forgotten after being dead: id -> (address, when lost), for reconnect
         self._lost: dict[str, tuple[Addr, float]] = {}
+        # lost member -> (next attempt, current backoff delay)
+        self._reconnect_tries: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ driver API
 
@@ -678,11 +680,13 @@ class Swim:
         else:
             delta = 1
         self._health_delta(delta)
-        if probe.expected_nacks > 0 and probe.nacks == 0:
+        if probe.expected_nacks > 0 and probe.nacks == 0 and self.health < self.config.awareness_max_multiplier - 1:
             # Lifeguard: not one helper answered either, so the silence is most likely
             # ours (a starved receive path, a broken uplink); accusing the target now
             # would be a false positive.  A really dead target gets nacks from the
-            # helpers, and other members probe it too.
+            # helpers, and other members probe it too.  Only once our health score is
+            # saturated (probing already slowed to the maximum) do we accuse: a node
+            # cut off from everyone must still learn that it is alone, slowly.
             self.stats.probes_inconclusive += 1
             return
         m = self.members.get(probe.target)
@@ -811,20 +815,29 @@ class Swim:
     def _reconnect(self, now: float) -> None:
         if self.leaving:
             return
-        cutoff = now - self.config.reconnect_timeout
+        cfg = self.config
+        cutoff = now - cfg.reconnect_dead_for
         for node in [n for n, (_, since) in self._lost.items() if since < cutoff or n in self.members]:
             del self._lost[node]
-        candidates = [m.addr for m in self._iter_others() if m.state == DEAD]
-        candidates += [addr for addr, _ in self._lost.values()]
-        if not candidates:
+        lost: dict[str, Addr] = {m.id: m.addr for m in self._iter_others() if m.state == DEAD and m.state_change >= cutoff}
+        lost.update((n, addr) for n, (addr, _) in self._lost.items())
+        tries = self._reconnect_tries
+        for node in [n for n in tries if n not in lost]:
+            del tries[node]
+        due = [n for n in lost if tries.get(n, (now, 0.0))[0] <= now]
+        if not due:
             return
-        # serf: try with probability failed / alive, so the cluster as a whole tries
+        # serf: try with probability lost / alive, so the cluster as a whole tries
         # each lost member about once per interval instead of every member doing so
         alive = sum(1 for m in self._iter_others() if m.state in (ALIVE, SUSPECT))
-        if alive and self.rng.random() > len(candidates) / alive:
+        if alive and self.rng.random() > len(lost) / alive:
             return
-        addr = candidates[int(self.rng.random() * len(candidates))]
-        self._pp_out.append((addr, self._push_pull_frame(now, join=False)))
+        node = due[int(self.rng.random() * len(due))]
+        # back off per member: a long split costs less and less, up to the cap
+        _, delay = tries.get(node, (now, 0.0))
+        delay = min(max(delay * 2, cfg.reconnect_interval), cfg.reconnect_max_interval)
+        tries[node] = (now + delay * (0.5 + 0.5 * self.rng.random()), delay)
+        self._pp_out.append((lost[node], self._push_pull_frame(now, join=False)))
 
     def _decode_stream(self, body: bytes) -> dict | None:
         try:
