@@ -79,6 +79,9 @@ class GossipService:
         self._broadcast_handlers: dict[str, list[Callable[[str, object], None]]] = {}
         self._member_handlers: list[Callable[[str, str], None]] = []
         self._pending_broadcasts: list[tuple[str, str, object]] = []
+        # the node's netsplit.PartitionMonitor registers itself here, so whoever holds
+        # the gossip service (e.g. $SYS) reaches the partition view
+        self.partitions: Any = None
         self._given_transport = transport
         self.transport: Transport | None = None
         self._nursery: trio.Nursery | None = None

@@ -2,6 +2,7 @@
 
     GET  /api/v1/status           node id, version, uptime, clients, listeners
     GET  /api/v1/members          the gossip member list
+    GET  /api/v1/cluster          members, current partitions, unreachable members, history
     GET  /api/v1/routes           the cluster route table (filter -> nodes)
     GET  /api/v1/config           cluster-wide settings (value, origin, HLC)
     GET  /api/v1/config/{key}
@@ -67,6 +68,9 @@ def build_router(node: "Node") -> Router:
     async def members(request: Request) -> Response:
         return json_response({"node_id": node.node_id, "members": node.gossip.members()})
 
+    async def cluster(request: Request) -> Response:
+        return json_response(node.partitions.snapshot())
+
     async def routes(request: Request) -> Response:
         return json_response({"node_id": node.node_id, "routes": node.cluster.routes()})
 
@@ -104,6 +108,7 @@ def build_router(node: "Node") -> Router:
 
     add("GET", "/api/v1/status", status)
     add("GET", "/api/v1/members", members)
+    add("GET", "/api/v1/cluster", cluster)
     add("GET", "/api/v1/routes", routes)
     add("GET", "/api/v1/config", config_list)
     add("GET", "/api/v1/config/{key}", config_get)

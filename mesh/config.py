@@ -349,6 +349,7 @@ class Settings:
     cluster_key: str | None = _setting(None, Str(optional=True, metavar="SECRET"), "shared secret: authenticates and encrypts node-to-node traffic", secret=True)
     gossip_preset: str = _setting("lan", Str(choices=("lan", "wan", "local"), metavar="PRESET"), "gossip timing: lan (memberlist LAN defaults), wan (slower links), local (loopback and tests, 10x faster)")
     gossip_advertise: str | None = _setting(None, Str(optional=True, metavar="HOST"), "address other nodes reach this node's gossip port at; unset: the bound address, or for 0.0.0.0 the LAN interface")
+    reconnect_dead_for: float = _setting(3 * 24 * 3600.0, Float(0.0, lo_inclusive=False), "how long the address of a lost (dead, not left) member keeps being tried, with backoff, so a netsplit heals without an operator (default 3 days)")
     trace: bool = _setting(True, Bool(), "write convergence traces to DATA_DIR/traces")
     log_level: str = _setting("info", Str(choices=("debug", "info", "warning", "error"), metavar="LEVEL"), "log level")
     max_keepalive: int = _setting(65535, Int(0, 65535, "seconds"), "largest keep alive granted; v5 clients asking for more get Server Keep Alive")

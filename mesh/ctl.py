@@ -5,6 +5,7 @@
     meshd ctl config get KEY         one cluster setting: value, origin node, HLC
     meshd ctl config list            every cluster setting
     meshd ctl routes                 the cluster route table as this node sees it
+    meshd ctl cluster                members, current partitions and partition history
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("key")
     config.add_parser("list", help="show every cluster-wide setting")
     sub.add_parser("routes", help="the cluster route table (filter -> nodes)")
+    sub.add_parser("cluster", help="members, current partitions (netsplits) and their history")
     return p
 
 
@@ -47,11 +49,37 @@ def _format_register(r: dict[str, Any]) -> str:
     return f"{r['key']:<22} {json.dumps(r['value']):<12} origin={r['origin']} hlc={hlc.get('wall_ms')}.{hlc.get('logical')}"
 
 
+def format_cluster(body: dict[str, Any]) -> str:
+    """`meshd ctl cluster`: the member table, then partitions now and before."""
+    lines = [f"{m['id']:<24} {m['address']:<22} {m['state']:<8} inc={m['incarnation']}" for m in body.get("members", [])]
+    parts = body.get("partitions", [])
+    if not parts:
+        lines.append("no partition")
+    for p in parts:
+        side = "majority" if p.get("majority") else "minority"
+        lines.append(
+            f"PARTITION {p['id']}: this side {','.join(p['local'])} ({side}); "
+            f"unreachable {','.join(p['remote'])}; back already: {','.join(p['returned']) or '-'}"
+        )
+    history = body.get("history", [])
+    if history:
+        lines.append("history:")
+        for h in history:
+            if h["event"] == "partition_detected":
+                what = f"detected, lost {','.join(h['peers'])} ({'majority' if h['majority'] else 'minority'}) in {h['detection_s']} s"
+            else:
+                what = f"healed, {','.join(h['peers'])} back; heal {h['heal_s']} s, split {h['duration_s']} s"
+            lines.append(f"  {h['id']}: {what}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "routes":
             status, body = _call(args.http, "GET", "/api/v1/routes", token=args.token)
+        elif args.command == "cluster":
+            status, body = _call(args.http, "GET", "/api/v1/cluster", token=args.token)
         elif args.action == "set":
             if args.value.startswith("@"):
                 # `meshd ctl config set acl @acl.toml`: the file's text is the value.
@@ -80,6 +108,8 @@ def main(argv: list[str]) -> int:
         for r in routes:
             print(f"{r['filter']:<40} {' '.join(r['nodes'])}")
         print(f"{len(routes)} routes", file=sys.stderr)
+    elif args.command == "cluster":
+        print(format_cluster(body))
     elif args.action == "list":
         for r in body["config"]:
             print(_format_register(r))

@@ -40,6 +40,7 @@ from mesh.security import Security
 from mesh.tls import accept_tls, peer_common_name
 from routing.cluster import Cluster
 from gossip.trace import NullTraceWriter, TraceWriter
+from netsplit.monitor import PartitionMonitor
 from session_store.rocks import RocksStore, StoreOpenError
 
 log = logging.getLogger("meshd.node")
@@ -102,6 +103,9 @@ class Node:
             preset=settings.gossip_preset,
             advertise_host=settings.gossip_advertise,
         )
+        # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
+        self.gossip.config = self.gossip.config.with_(reconnect_dead_for=settings.reconnect_dead_for)
+        self.partitions = PartitionMonitor(self.gossip, self.trace)
         self.cluster = Cluster(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
             cluster_name=settings.cluster_name, epoch=self.route_epoch,
@@ -129,6 +133,7 @@ class Node:
             async with trio.open_nursery() as services:
                 self.ports["gossip"] = await self._start_gossip(services, s.gossip)
                 await services.start(self.cluster.run)
+                services.start_soon(self.partitions.run)
                 if s.mqtt is not None:
                     listeners = await self._open_listeners("mqtt", s.mqtt)
                     self.ports["mqtt"] = listeners[0].socket.getsockname()[1]

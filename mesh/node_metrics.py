@@ -47,6 +47,12 @@ def node_metrics(node: "Node") -> Metrics:
         "meshd_members", "cluster members by state, as this node sees them",
         lambda: _count_states(node.gossip.members()), ("state",),
     )
+    partitions = node.partitions
+    m.gauge_callback("meshd_partitions", "partitions detected and not yet healed", lambda: len(partitions.detector.active))
+    m.gauge_callback("meshd_unreachable_members", "members dead in this node's view that did not leave",
+                     lambda: len(partitions.unreachable()))
+    m.counter_callback("meshd_partitions_detected_total", "partitions detected", lambda: partitions.detected_total)
+    m.counter_callback("meshd_partitions_healed_total", "partitions healed", lambda: partitions.healed_total)
     m.gauge_callback("meshd_routes", "cluster route entries (filter, node) held, this node's included", lambda: cluster.table.route_count())
     m.gauge_callback("meshd_routes_local", "route entries this node owns", lambda: len(cluster.table.local_filters()))
     m.counter_callback("meshd_forwarded_out_total", "messages forwarded to other nodes", lambda: cluster.forwarded_out)

@@ -37,13 +37,22 @@ def mesh_values(broker: "Broker") -> list[tuple[str, str]]:
         return []
     members = cluster.gossip.members()
     alive = [m["id"] for m in members if m["state"] == "alive"]
-    return [
+    out = [
         ("$SYS/mesh/members", json.dumps(sorted(alive))),
         ("$SYS/mesh/members/count", str(len(alive))),
         ("$SYS/mesh/routes/count", str(cluster.table.route_count())),
         ("$SYS/mesh/messages/forwarded", str(cluster.forwarded_out)),
         ("$SYS/mesh/messages/received", str(cluster.forwarded_in)),
     ]
+    monitor = getattr(cluster.gossip, "partitions", None)
+    if monitor is not None:
+        out.append(("$SYS/mesh/partitions", json.dumps(partitions_value(monitor.snapshot()))))
+    return out
+
+
+def partitions_value(snapshot: dict) -> dict:
+    """`$SYS/mesh/partitions`: the API's cluster view without the member list."""
+    return {k: v for k, v in snapshot.items() if k not in ("members", "node_id")}
 
 
 def publish_sys(broker: "Broker", uptime_s: float, now: float) -> None:

@@ -1,0 +1,65 @@
+"""Detector facts as trace fields and JSON, shared by the node's monitor and the simulator.
+
+Trace records (DESIGN.md contract): ``subject`` is the partition id, ``origin`` the
+observing node (a partition is this node's conclusion).  Extra fields, read by
+``spark_analysis``: ``peers`` (the other side, comma separated), ``majority``
+(our side holds a majority of the last stable view) and ``took_us`` (detection:
+onset to detection; heal: first contact to one view).  ``local`` / ``remote`` /
+``missing`` lists are for people reading the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .detector import PartitionDetected, PartitionHealed
+
+
+def _us(t: float) -> int:
+    return int(round(t * 1_000_000))
+
+
+def trace_fields(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0) -> dict[str, Any]:
+    """Keyword arguments for ``TraceWriter.emit`` (``clock_offset`` turns the
+    detector's monotonic seconds into the trace clock)."""
+    ts = _us(ev.at + clock_offset)
+    if isinstance(ev, PartitionDetected):
+        return {
+            "ts_us": ts, "kind": "partition_detected", "subject": ev.partition_id,
+            "peers": ",".join(sorted(ev.remote)), "majority": ev.majority,
+            "took_us": _us(ev.detection_s), "onset_ts_us": _us(ev.onset + clock_offset),
+            "local": sorted(ev.local), "remote": sorted(ev.remote),
+        }
+    return {
+        "ts_us": ts, "kind": "partition_healed", "subject": ev.partition_id,
+        "peers": ",".join(sorted(ev.remote)), "took_us": _us(ev.heal_s),
+        "duration_us": _us(ev.duration_s), "first_contact_ts_us": _us(ev.first_contact + clock_offset),
+        "missing": sorted(ev.missing),
+    }
+
+
+def event_json(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0) -> dict[str, Any]:
+    """One history entry for the API, ``meshd ctl cluster`` and ``$SYS``."""
+    f = trace_fields(ev, clock_offset)
+    out: dict[str, Any] = {"event": f["kind"], "id": ev.partition_id, "ts_us": f["ts_us"], "peers": sorted(ev.remote)}
+    if isinstance(ev, PartitionDetected):
+        out.update(local=sorted(ev.local), majority=ev.majority, detection_s=round(ev.detection_s, 3))
+    else:
+        out.update(heal_s=round(ev.heal_s, 3), duration_s=round(ev.duration_s, 3), missing=sorted(ev.missing))
+    return out
+
+
+def describe(ev: PartitionDetected | PartitionHealed) -> str:
+    """The one log line per event."""
+    if isinstance(ev, PartitionDetected):
+        side = "majority" if ev.majority else "minority"
+        return (
+            f"partition {ev.partition_id} detected: lost {','.join(sorted(ev.remote))}; "
+            f"our side {','.join(sorted(ev.local))} ({side} of {len(ev.stable_view)}) "
+            f"after {ev.detection_s:.2f} s"
+        )
+    tail = f"; never came back: {','.join(sorted(ev.missing))}" if ev.missing else ""
+    return (
+        f"partition {ev.partition_id} healed: {','.join(sorted(ev.remote))} reachable again "
+        f"{ev.heal_s:.2f} s after first contact, split lasted {ev.duration_s:.1f} s{tail}"
+    )
