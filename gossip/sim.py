@@ -26,7 +26,10 @@ from .config import GossipConfig, preset
 from .events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
 from .formulas import suspicion_bounds
 from .swim import Swim
+from netsplit.detector import PartitionDetector, detector_for
+from netsplit.records import trace_fields
 from .trace import NullTraceWriter, TraceWriter
+from .formulas import suspicion_timeout
 
 PORT = 7946
 
@@ -43,6 +46,7 @@ _PARTITION = 8
 _HEAL = 9
 _PROGRESS = 10
 _JOIN = 11
+_DETECT = 12
 
 
 @dataclass
@@ -95,6 +99,7 @@ class SimResult:
     broadcast_latencies: list[float]
     broadcast_coverage: float  # reached (broadcast, live node) pairs / expected
     live_nodes: int
+    partition: dict[str, Any] = field(default_factory=dict)  # ground-truth split figures
 
     def crash_detection(self) -> list[float]:
         out = []
@@ -137,6 +142,7 @@ class SimResult:
             "partition_dead": self.partition_dead,
             "false_suspicions": self.false_suspicions,
             "suspicions_of_live": self.suspicions_of_live,
+            **({"partition": self.partition} if self.partition else {}),
         }
 
 
@@ -185,12 +191,23 @@ class Simulation:
         self.packets = 0
         self.events_processed = 0
         self.writers: list[TraceWriter | NullTraceWriter] = []
+        # the node's partition detector, the same code the real monitor runs
+        self.detectors: list[PartitionDetector] = []
+        self._detect_at: list[float | None] = [None] * n
         out = Path(out_dir) if out_dir is not None else None
         for i, name in enumerate(self.names):
             node_rng = random.Random(params.seed * 1_000_003 + i)
             sw = Swim(name, (name, PORT), now=0.0, rng=node_rng, config=self.cfg)
             self.nodes.append(sw)
+            self.detectors.append(detector_for(name, self.cfg))
             self.writers.append(TraceWriter(out, name) if out is not None else NullTraceWriter())
+        # ground truth for a split: per node, other-side members it holds dead, and
+        # members it does not hold alive (0 again after the heal: one view)
+        self._far_dead = [0] * n
+        self._not_alive = [0] * n
+        self.far_all_dead_at: dict[int, float] = {}
+        self.one_view_at: dict[int, float] = {}
+        self.partition_events: list[tuple[int, Any]] = []
         # stats
         self.dead_seen: dict[str, dict[str, float]] = {}
         self.false_dead = 0
@@ -217,6 +234,7 @@ class Simulation:
                     self._push(self.rng.uniform(0, 1.0), _JOIN, i)
             else:
                 sw.bootstrap(everyone, 0.0)
+                self.detectors[i].bootstrap(self.names)
             sw.events()  # the start-up alive of each node is not an observation here
             self._reschedule(i)
         if p.crash:
@@ -325,6 +343,7 @@ class Simulation:
                 subj = self.index.get(ev.member)
                 if subj is None or ev.member == name:
                     continue
+                self._detect(i, subj, ev.member, ev.state, now)
                 crashed = subj in self.crashed_at
                 if ev.state in (DEAD, LEFT):
                     if crashed:
@@ -348,6 +367,34 @@ class Simulation:
                 j = self.index[ev.target]
                 if not self._was_unhealthy(j, ev.started, now) and not self._cut_during(i, j, ev.started):
                     self.false_suspicions += 1
+
+    def _detect(self, i: int, j: int, member: str, state: str, now: float) -> None:
+        det = self.detectors[i]
+        prev = det.states.get(member)
+        if self.p.partition is not None:
+            if (prev in (None, "alive")) != (state == "alive"):
+                self._not_alive[i] += 1 if state != "alive" else -1
+                if self._not_alive[i] == 0 and self.p.heal_at is not None and now >= self.p.heal_at:
+                    self.one_view_at[i] = now
+            if self.side[i] is not None and self.side[j] is not None and self.side[i] != self.side[j]:
+                if state == DEAD and prev != DEAD:
+                    self._far_dead[i] += 1
+                    far = len(self.p.partition[1 - self.side[i]])
+                    if self._far_dead[i] == far and now >= self.p.partition_at:
+                        self.far_all_dead_at.setdefault(i, now)
+                elif prev == DEAD and state != DEAD:
+                    self._far_dead[i] -= 1
+        self._detected(i, det.member_changed(member, state, now))
+
+    def _detected(self, i: int, evs: list[Any]) -> None:
+        det = self.detectors[i]
+        for ev in evs:
+            self.partition_events.append((i, ev))
+            self.writers[i].emit(origin=self.names[i], sim=True, **trace_fields(ev))
+        t = det.next_deadline()
+        if t is not None and t != self._detect_at[i]:
+            self._detect_at[i] = t
+            self._push(max(t, self.now), _DETECT, i)
 
     def _across(self, origin: str, subj: int) -> bool:
         """Was this declaration made across a partition (now or earlier in the run)?"""
@@ -512,6 +559,12 @@ class Simulation:
             (i,) = args
             self.nodes[i].join([(self.names[0], PORT)], t)
             self._flush(i)
+        elif kind == _DETECT:
+            (i,) = args
+            if self._detect_at[i] != t or i in self.crashed_at:
+                return  # superseded
+            self._detect_at[i] = None
+            self._detected(i, self.detectors[i].tick(t))
         elif kind == _PROGRESS:
             self._draw_progress()
             if t + 1.0 <= p.seconds:
@@ -544,6 +597,7 @@ class Simulation:
         total = sum(self.sent_bytes)
         per_node = [b / p.seconds for b in self.sent_bytes] if p.seconds else [0.0]
         return SimResult(
+            partition=self._partition_figures(),
             params=p,
             wall_seconds=wall,
             cpu_seconds=self.cpu_seconds,
@@ -564,6 +618,35 @@ class Simulation:
             broadcast_coverage=reached / expected if expected else 1.0,
             live_nodes=len(live) - 0,
         )
+
+    def _partition_figures(self) -> dict[str, Any]:
+        """Ground truth for a split: when each side held the whole other side dead
+        (from the cut), and when each node saw one view again (from the heal)."""
+        p = self.p
+        if p.partition is None:
+            return {}
+        bound = suspicion_timeout(self.cfg.suspicion_mult, p.nodes, self.cfg.probe_interval) + 3.0
+        out: dict[str, Any] = {"suspicion_timeout_plus_3_s": round(bound, 3)}
+        for side, members in enumerate(p.partition):
+            times = [self.far_all_dead_at[i] - p.partition_at for i in members if i in self.far_all_dead_at]
+            det = [ev.detection_s for i, ev in self.partition_events if i in members and type(ev).__name__ == "PartitionDetected"]
+            out[f"side_{'ab'[side]}"] = {
+                "nodes": len(members),
+                "marked_other_dead": len(times),
+                "other_dead_p50_s": _pct(times, 50),
+                "other_dead_max_s": round(max(times), 3) if times else None,
+                "within_bound": sum(1 for x in times if x <= bound),
+                "detector_detection_p50_s": _pct(det, 50),
+            }
+        if p.heal_at is not None:
+            live = [i for i in range(p.nodes) if i not in self.crashed_at]
+            heal = [self.one_view_at[i] - p.heal_at for i in live if i in self.one_view_at and self._not_alive[i] == 0]
+            out.update(
+                one_view_nodes=len(heal), live_nodes=len(live),
+                heal_p50_s=_pct(heal, 50), heal_p99_s=_pct(heal, 99), heal_max_s=round(max(heal), 3) if heal else None,
+                healed_events=sum(1 for _, ev in self.partition_events if type(ev).__name__ == "PartitionHealed"),
+            )
+        return out
 
     def dead_bound(self) -> float:
         """Upper bound on crash-to-dead at every node from the protocol's formulas:

@@ -26,6 +26,10 @@ crashed meanwhile: the partition heals without them (listed as ``missing``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
+
+from gossip.config import GossipConfig
+from gossip.formulas import suspicion_timeout
 
 ALIVE = "alive"
 SUSPECT = "suspect"
@@ -83,7 +87,9 @@ class Partition:
     remote: set[str]
     majority: bool
     stable_view: frozenset[str]
-    returned: dict[str, float] = field(default_factory=dict)  # member -> when seen alive
+    returned: dict[str, float] = field(default_factory=dict)  # remote members alive again -> since
+    first_contact: float | None = None
+    last_return: float = 0.0
 
     def as_dict(self, clock_offset: float = 0.0) -> dict[str, object]:
         return {
@@ -100,11 +106,16 @@ class Partition:
 @dataclass(slots=True)
 class _Group:
     onset: float
-    members: set[str]
+    stable_view: frozenset[str]
+    members: set[str] = field(default_factory=set)
+    suspects: int = 0  # members of the group still only suspect
 
 
 class PartitionDetector:
-    """One node's partition detector (see the module docstring)."""
+    """One node's partition detector (see the module docstring).
+
+    Every input is O(1) apart from the moments a group opens or is concluded, so a
+    simulator can run a thousand of these through a split of a thousand members."""
 
     def __init__(
         self, node_id: str, *, window: float = 5.0, heal_grace: float = 30.0, give_up_after: float | None = None
@@ -118,49 +129,75 @@ class PartitionDetector:
         self.give_up_after = give_up_after
         self.expired_total = 0
         self.states: dict[str, str] = {}  # other members' last known state
-        self.stable_view: frozenset[str] = frozenset({node_id})
         self.active: dict[str, Partition] = {}
         self.detected_total = 0
         self.healed_total = 0
+        self._alive: set[str] = set()
+        self._dead: set[str] = set()
+        self._suspects = 0
+        self._where: dict[str, Partition] = {}  # remote member -> its active partition
         self._group: _Group | None = None
         self._seq = 0
         self._last_tick = float("-inf")
 
     # ------------------------------------------------------------------ input
 
+    def bootstrap(self, alive: Iterable[str]) -> None:
+        """Start from a converged view (the simulator's warm start): these members
+        are alive, learned without events."""
+        for m in alive:
+            if m != self.node_id and m not in self.states:
+                self.states[m] = ALIVE
+                self._alive.add(m)
+
     def member_changed(self, member: str, state: str, now: float) -> list[PartitionDetected | PartitionHealed]:
         if state not in _STATES:
             raise ValueError(f"unknown member state {state!r}")
         if member == self.node_id:
             return []
-        self.states[member] = state
+        prev = self.states.get(member)
+        if prev == state:
+            return []
+        self._account(member, prev, state)
         out: list[PartitionDetected | PartitionHealed] = []
         group = self._group
-        if state == LEFT:
-            if group is not None:
-                group.members.discard(member)
-            for p in self.active.values():
+        in_group = group is not None and member in group.members
+        if in_group:
+            assert group is not None
+            if prev == SUSPECT:
+                group.suspects -= 1
+            if state in (ALIVE, LEFT):
+                group.members.discard(member)  # refuted in time, or a graceful leave
+            elif state == SUSPECT:
+                group.suspects += 1
+        p = self._where.get(member)
+        if p is not None:
+            if state == LEFT:
                 p.remote.discard(member)
                 p.returned.pop(member, None)
-        elif state == ALIVE:
-            if group is not None:
-                group.members.discard(member)  # refuted in time: it was reachable
-            for p in self.active.values():
-                if member in p.remote:
-                    p.returned.setdefault(member, now)
-        elif not self._tracked(member) and not self._join_recent_partition(member, now):
+                del self._where[member]
+            elif state == ALIVE:
+                if member not in p.returned:
+                    p.returned[member] = now
+                    p.last_return = now
+                    if p.first_contact is None:
+                        p.first_contact = now
+            else:
+                p.returned.pop(member, None)  # gone again
+        elif not in_group and state in (SUSPECT, DEAD) and not self._join_recent_partition(member, now):
             # it stopped answering: the onset of a new group, or one more of the
             # current group (a group still waiting for suspicions to resolve takes
             # late members too, rather than being lost)
-            if group is not None and now - group.onset > self.window and not self._pending(group):
+            if group is not None and now - group.onset > self.window and not group.suspects:
                 out += self._conclude(now)
                 group = self._group
             if group is None:
-                group = self._group = _Group(now, set())
+                group = self._group = _Group(now, self._current_view() | {member})
             group.members.add(member)
-        if self._group is None or not self._group.members:
+            if state == SUSPECT:
+                group.suspects += 1
+        if self._group is not None and not self._group.members:
             self._group = None
-            self._refresh_stable_view()
         out += self.tick(now)
         return out
 
@@ -172,56 +209,71 @@ class PartitionDetector:
             out += self._conclude(now)
         for pid in list(self.active):
             p = self.active[pid]
-            back = [m for m in p.remote if self.states.get(m) == ALIVE]
             if not p.returned and self.give_up_after is not None and now - p.detected_at >= self.give_up_after:
-                del self.active[pid]
+                self._forget(p)
                 self.expired_total += 1
                 for m in p.remote:
-                    self.states.pop(m, None)
-            elif len(back) == len(p.remote):
+                    self._account(m, self.states.get(m), None)
+            elif len(p.returned) == len(p.remote):
                 out.append(self._heal(p, now, frozenset()))
-            elif back and now - max(p.returned[m] for m in back) >= self.heal_grace:
+            elif p.returned and now - p.last_return >= self.heal_grace:
                 # part of the other side came back a while ago, the rest did not
-                missing = frozenset(m for m in p.remote if self.states.get(m) != ALIVE)
-                out.append(self._heal(p, now, missing))
-        self._refresh_stable_view()
+                out.append(self._heal(p, now, frozenset(p.remote - p.returned.keys())))
         return out
 
     def next_deadline(self) -> float | None:
         """When ``tick`` next has something to decide (None: only on member changes)."""
         times: list[float] = []
         g = self._group
-        if g is not None and not (self._pending(g) and self._last_tick >= g.onset + self.window):
+        if g is not None and not (g.suspects and self._last_tick >= g.onset + self.window):
             times.append(g.onset + self.window)  # past the window, suspicions decide
         for p in self.active.values():
             if p.returned:
-                times.append(max(p.returned.values()) + self.heal_grace)
+                times.append(p.last_return + self.heal_grace)
             elif self.give_up_after is not None:
                 times.append(p.detected_at + self.give_up_after)
         return min(times) if times else None
 
     # ------------------------------------------------------------------ queries
 
+    @property
+    def stable_view(self) -> frozenset[str]:
+        """The last stable view: the members (us included) before the current group
+        began; members lost to partitions still count."""
+        if self._group is not None:
+            return self._group.stable_view
+        return self._current_view()
+
     def unreachable(self) -> frozenset[str]:
         """Members last seen dead (not left): they may come back, and a lost member's
         routes and messages are held for them meanwhile."""
-        return frozenset(m for m, s in self.states.items() if s == DEAD)
+        return frozenset(self._dead)
 
     def is_partitioned(self) -> bool:
         return bool(self.active)
 
     def across_partition(self, member: str) -> bool:
         """Is ``member`` on the other side of a partition that has not healed yet?"""
-        return any(member in p.remote and self.states.get(member) != ALIVE for p in self.active.values())
+        p = self._where.get(member)
+        return p is not None and member not in p.returned
 
     # ------------------------------------------------------------------ internals
 
-    def _tracked(self, member: str) -> bool:
-        g = self._group
-        return (g is not None and member in g.members) or any(member in p.remote for p in self.active.values())
+    def _account(self, member: str, prev: str | None, state: str | None) -> None:
+        for st, bucket in ((prev, -1), (state, 1)):
+            if st == ALIVE:
+                (self._alive.add if bucket > 0 else self._alive.discard)(member)
+            elif st == DEAD:
+                (self._dead.add if bucket > 0 else self._dead.discard)(member)
+            elif st == SUSPECT:
+                self._suspects += bucket
+        if state is None:
+            self.states.pop(member, None)
+        else:
+            self.states[member] = state
 
-    def _pending(self, group: _Group) -> bool:
-        return any(self.states.get(m) == SUSPECT for m in group.members)
+    def _current_view(self) -> frozenset[str]:
+        return frozenset(self._alive | self._where.keys() | {self.node_id})
 
     def _join_recent_partition(self, member: str, now: float) -> bool:
         # a member that stops answering just after a detection belongs to it (its
@@ -230,44 +282,41 @@ class PartitionDetector:
             if now - p.detected_at <= self.window and member in p.local:
                 p.remote.add(member)
                 p.local = p.local - {member}
+                self._where[member] = p
                 return True
         return False
 
     def _conclude(self, now: float) -> list[PartitionDetected | PartitionHealed]:
         group = self._group
         assert group is not None
-        members = {m for m in group.members if self.states.get(m) in (SUSPECT, DEAD)}
-        if not members:
-            self._group = None
-            return []
-        if any(self.states[m] == SUSPECT for m in members):
+        if group.suspects:
             return []  # wait until the suspicions resolve (dead, or refuted)
         self._group = None
-        local = frozenset(self._alive() | {self.node_id})
+        members = {m for m in group.members if self.states.get(m) == DEAD}
+        if not members:
+            return []
+        local = frozenset(self._alive | {self.node_id})
         self._seq += 1
         pid = f"{self.node_id}/{self._seq}"
-        stable = self.stable_view | members
+        stable = group.stable_view
         p = Partition(pid, now, group.onset, local, set(members), _holds_majority(local, stable), stable)
         self.active[pid] = p
+        for m in members:
+            self._where[m] = p
         self.detected_total += 1
         return [PartitionDetected(pid, now, group.onset, local, frozenset(members), p.majority, stable)]
 
-    def _heal(self, p: Partition, now: float, missing: frozenset[str]) -> PartitionHealed:
+    def _forget(self, p: Partition) -> None:
         del self.active[p.id]
+        for m in p.remote:
+            if self._where.get(m) is p:
+                del self._where[m]
+
+    def _heal(self, p: Partition, now: float, missing: frozenset[str]) -> PartitionHealed:
+        self._forget(p)
         self.healed_total += 1
-        first = min(p.returned.values()) if p.returned else now
+        first = p.first_contact if p.first_contact is not None else now
         return PartitionHealed(p.id, now, p.detected_at, first, frozenset(p.remote), missing)
-
-    def _alive(self) -> set[str]:
-        return {m for m, s in self.states.items() if s == ALIVE}
-
-    def _refresh_stable_view(self) -> None:
-        # the view is stable when no group is forming and nobody is suspect; members
-        # lost to a partition still count (they may be the other half of the next one)
-        if self._group is not None or any(s == SUSPECT for s in self.states.values()):
-            return
-        lost = set().union(*(p.remote for p in self.active.values())) if self.active else set()
-        self.stable_view = frozenset(self._alive() | lost | {self.node_id})
 
 
 def _holds_majority(local: frozenset[str], stable: frozenset[str]) -> bool:
@@ -279,3 +328,13 @@ def _holds_majority(local: frozenset[str], stable: frozenset[str]) -> bool:
 
 def _us(t: float) -> int:
     return int(round(t * 1_000_000))
+
+
+def detector_for(node_id: str, config: GossipConfig) -> PartitionDetector:
+    """A detector timed from the gossip config: members lost within one minimum
+    suspicion timeout of each other are one group; after a first contact the rest
+    have one push-pull interval (plus a few probe rounds) to come back; a partition
+    nobody returns from is dropped when gossip stops reconnecting."""
+    window = max(2 * config.probe_interval, suspicion_timeout(config.suspicion_mult, 1, config.probe_interval))
+    grace = config.push_pull_interval + 10 * config.probe_interval
+    return PartitionDetector(node_id, window=window, heal_grace=grace, give_up_after=config.reconnect_dead_for)

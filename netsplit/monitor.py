@@ -17,26 +17,15 @@ from typing import Any, Callable
 
 import trio
 
-from gossip.config import GossipConfig
-from gossip.formulas import suspicion_timeout
 from gossip.trace import NullTraceWriter, TraceWriter
 
-from .detector import PartitionDetected, PartitionDetector, PartitionHealed
+from .detector import PartitionDetected, PartitionHealed, detector_for
 from .records import describe, event_json, trace_fields
 
 log = logging.getLogger("meshd.netsplit")
 
 HISTORY = 50
 Event = PartitionDetected | PartitionHealed
-
-
-def detector_for(node_id: str, config: GossipConfig) -> PartitionDetector:
-    """A detector timed from the gossip config: members lost within one minimum
-    suspicion timeout of each other are one group; after a first contact the rest
-    have one push-pull interval (plus a few probe rounds) to come back."""
-    window = max(2 * config.probe_interval, suspicion_timeout(config.suspicion_mult, 1, config.probe_interval))
-    grace = config.push_pull_interval + 10 * config.probe_interval
-    return PartitionDetector(node_id, window=window, heal_grace=grace, give_up_after=config.reconnect_dead_for)
 
 
 class PartitionMonitor:
