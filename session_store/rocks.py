@@ -4,21 +4,29 @@ Layout: one RocksDB at `<data_dir>/sessions`, raw byte keys and values, one colu
 family per kind of record:
 
 =============  =================================  =======================================
-family         key                                value (CBOR, `"v": 1`)
+family         key                                value
 =============  =================================  =======================================
 sessions       client_id                          expiry interval, protocol level,
                                                   disconnected-at (wall clock), next seq
 subscriptions  client_id \\0 filter                QoS, no local, retain as published,
                                                   retain handling, subscription id
-inflight       client_id \\0 seq (u64 BE)          the delivery (message, QoS, retain,
-                                                  subscription ids, seq), its packet id
-                                                  and state (publish / pubrel)
-queue          client_id \\0 seq (u64 BE)          the delivery; key order = queue order
+queue          client_id \\0 seq (u64 BE)          every stored delivery, queued or
+                                                  inflight (binary, format 2: message,
+                                                  QoS, retain, subscription ids, state
+                                                  queued / publish / pubrel, packet id);
+                                                  key order = the session's stream order
+inflight       client_id \\0 seq (u64 BE)          format 1 only (inflight deliveries
+                                                  before format 2): read at start-up and
+                                                  moved into `queue`
 qos2_in        client_id \\0 packet id (u16 BE)    1 (PUBREC sent, PUBREL awaited)
 wills          client_id                          the will and, when pending, its due time
 retained       topic                              the message
 meta           name                               any CBOR value (cluster config later)
 =============  =================================  =======================================
+
+Values other than format-2 deliveries are CBOR maps with `"v": 1`
+(`session_store.records` has both formats).  Format-1 deliveries in `queue` (CBOR)
+are still read, so a node upgraded in place keeps its sessions.
 
 A session is removed with one range delete per session-scoped family
 (`client_id\\0` .. `client_id\\1`).  Batches are written with `WriteOptions.sync` in

@@ -10,8 +10,18 @@ epoch durable.  An acknowledgement that promises durability waits until
 Keys (bytes):  session-scoped records are `client_id + b"\\0" + suffix`, so one
 session's records sort together and a session is removed by deleting one key range;
 MQTT strings cannot contain U+0000, so the separator cannot occur in a client id.
-Queue and inflight suffixes are the delivery sequence number as 8 big-endian bytes, so
-a prefix scan returns them in order (inflight records carry their packet id).  Values are versioned CBOR (`session_store.records`).
+
+Deliveries: one record per delivery, keyed by its sequence number (8 big-endian
+bytes, so a prefix scan returns a session's stream in order), from the moment it is
+queued or sent until it is acknowledged.  Queued and inflight deliveries share the
+`queue` family: moving one from the queue into the inflight window overwrites its
+record with the inflight state and packet id (one put, not a tombstone and a second
+record), and within one commit window the two changes coalesce into one.  So a
+sequence number is either queued or inflight, never both: `put_inflight` replaces a
+queued record of the same delivery.  Values are versioned (`session_store.records`):
+binary format 2 for deliveries, CBOR format 1 for everything else; format-1
+deliveries (queue and inflight families) are still read, and `load` rewrites
+format-1 inflight records into the queue family.
 """
 
 from __future__ import annotations
@@ -35,12 +45,17 @@ SESSION_SCOPED = ("subscriptions", "inflight", "queue", "qos2_in")
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
+_pack_u64 = _U64.pack
 
 
 @functools.lru_cache(maxsize=65536)
 def session_prefix(client_id: str) -> bytes:
     """`client_id + \\0`, cached: it is built for every stored delivery."""
     return client_id.encode("utf-8") + SEP
+
+
+def delivery_key(client_id: str, seq: int) -> bytes:
+    return session_prefix(client_id) + _pack_u64(seq)
 
 
 def split_key(key: bytes) -> tuple[str, bytes]:
@@ -197,21 +212,24 @@ class SessionStore(ABC):
 
     def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
         """Keyed by the delivery's sequence number (unique, never reused), so a
-        delivery sent and acknowledged within one commit window never reaches the disk."""
-        self._put("inflight", session_prefix(client_id) + _U64.pack(delivery.seq), _encode_inflight,
-                  delivery, state, packet_id, fresh=True)
+        delivery sent and acknowledged within one commit window never reaches the disk.
+        Replaces the delivery's queued record, if it had one."""
+        # Only a first send can be a key new to the disk; PUBREL-sent rewrites a record
+        # that may be committed already.
+        self._put("queue", delivery_key(client_id, delivery.seq), records.encode_delivery_record,
+                  delivery, records.STATE_CODES[state], packet_id, fresh=state == "publish")
         self._changed()
 
     def delete_inflight(self, client_id: str, seq: int) -> None:
-        self._delete("inflight", session_prefix(client_id) + _U64.pack(seq))
+        self._delete("queue", delivery_key(client_id, seq))
         self._changed()
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._put("queue", session_prefix(client_id) + _U64.pack(delivery.seq), records.encode_delivery, delivery, fresh=True)
+        self._put("queue", delivery_key(client_id, delivery.seq), records.encode_delivery_record, delivery, fresh=True)
         self._changed()
 
     def delete_queued(self, client_id: str, seq: int) -> None:
-        self._delete("queue", session_prefix(client_id) + _U64.pack(seq))
+        self._delete("queue", delivery_key(client_id, seq))
         self._changed()
 
     def put_qos2_in(self, client_id: str, packet_id: int) -> None:
@@ -282,24 +300,45 @@ class SessionStore(ABC):
                 found[0].subscriptions[found[1].decode("utf-8")] = records.decode_subscription(value)
             except (records.RecordError, UnicodeDecodeError) as exc:
                 bad("subscriptions", key, exc)
+        # Deliveries by session and sequence number: queued (state None) or inflight.
+        deliveries: dict[str, dict[int, tuple[Delivery, str | None, int]]] = {}
+        for key, value in self.scan("queue"):
+            found = owner("queue", key)
+            if found is None:
+                continue
+            try:
+                seq = _seq(found[1])
+                if records.is_delivery_record(value):
+                    entry = records.decode_delivery_record(value, seq)
+                else:  # format 1: always a queued delivery
+                    d, _ = records.decode_delivery(value)
+                    entry = (d, None, 0)
+            except records.RecordError as exc:
+                bad("queue", key, exc)
+                continue
+            deliveries.setdefault(found[0].client_id, {})[seq] = entry
+        # Format-1 inflight records: read, then moved into the queue family as format 2
+        # (in one batch with their deletion), so an acknowledgement removes them.
         for key, value in self.scan("inflight"):
             found = owner("inflight", key)
             if found is None:
                 continue
             try:
                 d, st, pid = records.decode_inflight(value)
-                found[0].inflight.append((pid, d, st))
             except records.RecordError as exc:
                 bad("inflight", key, exc)
-        for key, value in self.scan("queue"):
-            found = owner("queue", key)
-            if found is None:
                 continue
-            try:
-                d, _ = records.decode_delivery(value)
-                found[0].queue.append(d)
-            except records.RecordError as exc:
-                bad("queue", key, exc)
+            deliveries.setdefault(found[0].client_id, {})[d.seq] = (d, st, pid)
+            self._delete("inflight", key)
+            self.put_inflight(found[0].client_id, pid, d, st)
+        for cid, by_seq in deliveries.items():
+            s = sessions[cid]
+            for seq in sorted(by_seq):
+                d, st, pid = by_seq[seq]
+                if st is None:
+                    s.queue.append(d)
+                else:
+                    s.inflight.append((pid, d, st))
         for key, value in self.scan("qos2_in"):
             found = owner("qos2_in", key)
             if found is None:
@@ -329,10 +368,13 @@ class SessionStore(ABC):
                 state.meta[key.decode("utf-8")] = records.decode_value(value)
             except (records.RecordError, UnicodeDecodeError) as exc:
                 bad("meta", key, exc)
-        for s in sessions.values():
-            s.inflight.sort(key=lambda entry: entry[1].seq)
-            s.queue.sort(key=lambda d: d.seq)
         return state
+
+
+def _seq(suffix: bytes) -> int:
+    if len(suffix) != 8:
+        raise records.RecordError(f"bad delivery key suffix {suffix!r}")
+    return _U64.unpack(suffix)[0]
 
 
 class MemoryStore(SessionStore):
@@ -358,7 +400,3 @@ class MemoryStore(SessionStore):
 
     def close(self) -> None:
         self._batch = PendingBatch()
-
-
-def _encode_inflight(delivery: Delivery, state: str, packet_id: int) -> bytes:
-    return records.encode_delivery(delivery, state=state, packet_id=packet_id)

@@ -136,8 +136,8 @@ def test_put_then_delete_in_one_batch_is_never_encoded(make_store, monkeypatch):
     store.put_session("c", 60, 5, None, 1)
     commit(store)
     encoded = []
-    real = records.encode_delivery
-    monkeypatch.setattr(records, "encode_delivery", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    real = records.encode_delivery_record
+    monkeypatch.setattr(records, "encode_delivery_record", lambda *a, **k: encoded.append(1) or real(*a, **k))
     for pid in range(1, 101):  # deliveries acknowledged within one commit window
         store.put_inflight("c", pid, delivery(f"t/{pid}", pid), "publish")
         store.delete_inflight("c", pid)
@@ -148,6 +148,71 @@ def test_put_then_delete_in_one_batch_is_never_encoded(make_store, monkeypatch):
     store.mark_durable(epoch)
     assert len(encoded) == 1
     assert [(pid, d.message.topic) for pid, d, _ in store.load().sessions["c"].inflight] == [(7, "kept")]
+
+
+def test_pubrel_then_pubcomp_in_one_batch_leaves_nothing(make_store):
+    # The PUBREL-sent rewrite is of a record already on disk: the PUBCOMP in the same
+    # window must still delete it, or it comes back as inflight after a restart.
+    store = make_store()
+    store.put_session("c", 60, 5, None, 1)
+    store.put_inflight("c", 3, delivery("t", 1, qos=2), "publish")
+    commit(store)
+    store.put_inflight("c", 3, delivery("t", 1, qos=2), "pubrel")
+    store.delete_inflight("c", 1)
+    commit(store)
+    assert store.load().sessions["c"].inflight == []
+
+
+def test_queued_then_sent_is_one_record(make_store):
+    """A committed queued delivery moved into the inflight window is rewritten in place:
+    it comes back inflight (not also queued), and its acknowledgement removes it."""
+    store = make_store()
+    store.put_session("c", 60, 5, None, 1)
+    for seq in (1, 2, 3):
+        store.put_queued("c", delivery(f"t/{seq}", seq))
+    commit(store)
+    store.delete_queued("c", 1)  # what the broker does when it fills the window
+    store.put_inflight("c", 10, delivery("t/1", 1), "publish")
+    store.delete_queued("c", 2)
+    store.put_inflight("c", 11, delivery("t/2", 2), "publish")
+    batch, epoch = store.take_batch()
+    assert len(batch) == 2  # two overwrites, no tombstones
+    store.write_batch(batch, sync=True)
+    store.mark_durable(epoch)
+    s = store.load().sessions["c"]
+    assert [(pid, d.seq, st) for pid, d, st in s.inflight] == [(10, 1, "publish"), (11, 2, "publish")]
+    assert [d.seq for d in s.queue] == [3]
+    store.delete_inflight("c", 1)
+    commit(store)
+    s = store.load().sessions["c"]
+    assert [d.seq for _, d, _ in s.inflight] == [2] and [d.seq for d in s.queue] == [3]
+
+
+def test_format_1_deliveries_are_read_and_inflight_moved(make_store):
+    """A node upgraded in place loads the deliveries format 1 wrote (CBOR, inflight in
+    its own family); after the first commit an acknowledgement removes them for good."""
+    from session_store import records
+
+    store = make_store()
+    store.put_session("c", 60, 5, None, 9)
+    q, i = delivery("q/old", 2, user_properties=(("k", "v"),)), delivery("i/old", 1)
+    store._put("queue", b"c\x00" + (2).to_bytes(8, "big"), records.encode_delivery, q)
+    store._put("inflight", b"c\x00" + (1).to_bytes(8, "big"), lambda: records.encode_delivery(i, state="pubrel", packet_id=42))
+    store._changed()
+    commit(store)
+    state = store.load()
+    s = state.sessions["c"]
+    assert state.skipped == 0
+    assert [(pid, d.message.topic, d.seq, st) for pid, d, st in s.inflight] == [(42, "i/old", 1, "pubrel")]
+    assert [(d.message.topic, d.seq, d.message.properties.user_properties) for d in s.queue] == [("q/old", 2, (("k", "v"),))]
+    commit(store)  # the move written by load
+    assert list(store.scan("inflight")) == []
+    assert [(pid, st) for pid, _, st in store.load().sessions["c"].inflight] == [(42, "pubrel")]
+    store.delete_inflight("c", 1)
+    store.delete_queued("c", 2)
+    commit(store)
+    s = store.load().sessions["c"]
+    assert s.inflight == [] and s.queue == []
 
 
 def test_session_delete_then_recreate_in_one_batch(make_store):
