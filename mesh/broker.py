@@ -29,7 +29,7 @@ from mesh.mqtt.topics import parse_shared_subscription
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
 from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions
-from session_store.store import MemoryStore, RecoveredState, SessionStore
+from session_store.store import MemoryStore, RecoveredState, SessionStore, StoredSession
 
 if TYPE_CHECKING:
     from mesh.connection import ClientConnection
@@ -219,6 +219,8 @@ class Broker:
             self._publish_will(session.client_id, pending[1], now)
         if session.dropped:
             log.info("session %s ended; %d queued messages had been dropped", session.client_id, session.dropped)
+        if self.cluster is not None:
+            self.cluster.session_ended(session.client_id)
 
     def _publish_will(self, client_id: str, will: Any, now: float) -> None:
         props = will.properties
@@ -630,44 +632,20 @@ class Broker:
                 self.store.delete_retained(msg.topic)
         ids = [msg.msg_id for msg in state.retained]
         for stored in state.sessions.values():
-            cid = stored.client_id
-            seqs = [d.seq for _, d, _ in stored.inflight] + [d.seq for d in stored.queue]
-            session = Session(
-                client_id=cid, persistent=True, expiry_interval=stored.expiry_interval,
-                protocol_level=stored.protocol_level, stored=True,
-                # A session that was connected when the node stopped was disconnected then.
-                disconnected_at=stored.disconnected_at if stored.disconnected_at is not None else now,
-                next_seq=max([stored.next_seq] + [q + 1 for q in seqs]),
-            )
-            self.sessions[cid] = session
-            for topic_filter, options in stored.subscriptions.items():
-                session.subscriptions[topic_filter] = options
-                self._index_subscription(cid, *parse_shared_subscription(topic_filter))
-            for pid, delivery, st in stored.inflight:
-                session.inflight[pid] = InflightEntry(delivery, st)
-                ids.append(delivery.message.msg_id)
-            session.queue.extend(stored.queue)
-            ids.extend(d.message.msg_id for d in stored.queue)
-            if stored.qos2_in:
-                session.qos2_in.update(stored.qos2_in)
-            if stored.disconnected_at is None:
-                self._store_meta(session)
+            session = self._rebuild_session(stored, now, from_store=True)
+            ids.extend(e.delivery.message.msg_id for e in session.inflight.values())
+            ids.extend(d.message.msg_id for d in session.queue if session.queued)
             if stored.will is not None:
                 will, due = stored.will
                 if due is None:  # connected at the crash: the close was abnormal
                     delay = will.properties.will_delay_interval or 0
                     due = now + delay
                 token = next(self._timer_seq)
-                self._pending_wills[cid] = (token, will)
-                self._add_timer(due, "will", cid, token)
-            deadline = session.expires_at()
-            if deadline is not None and deadline <= now:
-                log.info("session %s expired while the node was down", cid)
-                self._end_session(session, now, publish_pending_will=True)
-            elif deadline is not None:
-                self._add_timer(deadline, "expire", cid, 0)
+                self._pending_wills[stored.client_id] = (token, will)
+                self._add_timer(due, "will", stored.client_id, token)
+            self._schedule_expiry(session, now)
         if ids:
-            self._msg_ids = itertools.count(max(ids) + 1)
+            self._msg_ids = itertools.count(max(max(ids) + 1, next(self._msg_ids)))
         if state.sessions or state.retained:
             log.info(
                 "restored %d persistent sessions (%d queued, %d inflight messages) and %d retained messages%s",
@@ -675,6 +653,98 @@ class Broker:
                 sum(len(s.inflight) for s in state.sessions.values()), len(state.retained),
                 f"; skipped {state.skipped} unreadable records" if state.skipped else "",
             )
+
+    def _rebuild_session(self, stored: StoredSession, now: float, *, from_store: bool) -> Session:
+        """A session from its stored (or handed-over) form, indexed in the tries."""
+        cid = stored.client_id
+        seqs = [d.seq for _, d, _ in stored.inflight] + [d.seq for d in stored.queue]
+        session = Session(
+            client_id=cid, persistent=True, expiry_interval=stored.expiry_interval,
+            protocol_level=stored.protocol_level, stored=from_store,
+            # A session that was connected when the node stopped was disconnected then.
+            disconnected_at=stored.disconnected_at if stored.disconnected_at is not None else now,
+            next_seq=max([stored.next_seq] + [q + 1 for q in seqs]),
+        )
+        self.sessions[cid] = session
+        for topic_filter, options in stored.subscriptions.items():
+            session.subscriptions[topic_filter] = options
+            self._index_subscription(cid, *parse_shared_subscription(topic_filter))
+        for pid, delivery, st in stored.inflight:
+            session.inflight[pid] = InflightEntry(delivery, st)
+        if stored.queue:
+            session.queue.extend(stored.queue)
+        if stored.qos2_in:
+            session.qos2_in.update(stored.qos2_in)
+        if from_store:
+            if stored.disconnected_at is None:
+                self._store_meta(session)
+        else:
+            self._store_everything(session)
+        return session
+
+    def _schedule_expiry(self, session: Session, now: float) -> None:
+        deadline = session.expires_at()
+        if deadline is not None and deadline <= now:
+            log.info("session %s expired while the node was down", session.client_id)
+            self._end_session(session, now, publish_pending_will=True)
+        elif deadline is not None:
+            self._add_timer(deadline, "expire", session.client_id, 0)
+
+    # ------------------------------------------------------------------ handoff
+
+    def detach_for_handoff(self, client_id: str, now: float) -> Session | None:
+        """Another node takes this session over: close its connection here (0x8E) and
+        keep queueing for it until the handoff commits.  The old connection's will goes
+        out only if it has no delay (the reconnect elsewhere continues the session)."""
+        session = self.sessions.get(client_id)
+        conn = self.connections.pop(client_id, None)
+        if conn is not None:
+            self.ack_waiters.discard(conn)
+            conn.close(ReasonCode.SESSION_TAKEN_OVER)
+            will = conn.take_will()
+            if will is not None and not (will.properties.will_delay_interval or 0):
+                self._publish_will(client_id, will, now)
+        self._pending_wills.pop(client_id, None)
+        if session is None:
+            return None
+        session.will = None
+        if session.disconnected_at is None:
+            session.disconnected_at = now
+        if session.stored:
+            self.store.delete_will(client_id)
+            self._store_meta(session)
+        return session
+
+    def install_session(self, stored: StoredSession, now: float) -> Session:
+        """A session handed over by another node: replace any copy here, store it all,
+        take its subscriptions into the tries (and so into the routes)."""
+        old = self.sessions.get(stored.client_id)
+        if old is not None:
+            self._end_session(old, now, publish_pending_will=False)
+        stored.disconnected_at = now
+        session = self._rebuild_session(stored, now, from_store=False)
+        self._schedule_expiry(session, now)
+        return session
+
+    def merge_handed_tail(self, session: Session, add: list[Delivery], drop: list[Delivery]) -> None:
+        """A's tail joins the queue in sequence order; copies that also came directly go."""
+        if not add and not drop:
+            return
+        dropped = {id(d) for d in drop}
+        entries = [d for d in session.queue if id(d) not in dropped] + add
+        entries.sort(key=lambda d: d.seq)
+        session.queue.clear()
+        session.queue.extend(entries)
+        for d in drop:
+            self.store.delete_queued(session.client_id, d.seq)
+        for d in add:
+            self.store.put_queued(session.client_id, d)
+
+    def discard_session(self, client_id: str, now: float) -> None:
+        """Forget a session without its will (handed to another node, or a handoff undone)."""
+        session = self.sessions.get(client_id)
+        if session is not None and client_id not in self.connections:
+            self._end_session(session, now, publish_pending_will=False)
 
     def _note_queue_drop(self, session: Session, dropped: Delivery) -> None:
         self.stats.dropped_queue_full += 1

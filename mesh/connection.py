@@ -508,6 +508,20 @@ class ClientConnection:
             if props.request_problem_information == 0:
                 self.request_problem_info = False
 
+        cluster = self.broker.cluster
+        if cluster is not None:
+            # Claim the client id cluster-wide; take the session over from the node
+            # that holds it (bounded by the handoff budget, below the CONNECT timeout).
+            persistent = (props.session_expiry_interval or 0) > 0 if level == 5 else not c.clean_start
+            outcome = await cluster.handoffs.prepare_connect(client_id, c.clean_start, persistent)
+            if outcome == "superseded":
+                # A newer CONNECT for this id won elsewhere: this one is taken over.
+                self.send(Connack(session_present=False, reason_code=ReasonCode.SUCCESS))
+                if level == 5:
+                    self.send(Disconnect(reason_code=ReasonCode.SESSION_TAKEN_OVER))
+                self.closing = True
+                return False
+            now = time.time()
         session, present = self.broker.open_session(self, c, client_id, now)
         self.session = session
 

@@ -27,6 +27,7 @@ import trio
 from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink
 from routing.table import RouteDelta, RouteSnapshot, RouteTable
 from session_store import records
+from session_store.handoff_driver import Handoffs
 
 if TYPE_CHECKING:
     from gossip.service import GossipService
@@ -56,7 +57,7 @@ class Cluster:
         self.epoch = epoch
         self.table = RouteTable(node_id, epoch)
         self.links: dict[str, OutboundLink] = {}
-        self.inbound = InboundLinks(cluster_name, gossip, node_id, self._take_batch, self._wait_durable, self._answer)
+        self.inbound = InboundLinks(cluster_name, gossip, node_id, self._take_batch, self.wait_durable, self._answer)
         self._pending_routes: list[tuple[str, bool]] = []
         self._route_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -71,6 +72,7 @@ class Cluster:
         gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
         gossip.register_stream_handler("link_hello", self.inbound.serve)
         broker.cluster = self
+        self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace)
 
     # ---------------------------------------------------------------- running
 
@@ -81,6 +83,7 @@ class Cluster:
             self._pending_routes.extend((f, True) for f in self.broker.local_route_filters())
             nursery.start_soon(self._route_flusher)
             nursery.start_soon(self._anti_entropy)
+            nursery.start_soon(self.handoffs.run)
             task_status.started()
             await trio.sleep_forever()
 
@@ -97,10 +100,23 @@ class Cluster:
                 await self._route_wake.wait()
             self._route_wake = trio.Event()
             await trio.sleep(ROUTE_FLUSH_DELAY)
-            pending, self._pending_routes = self._pending_routes, []
-            delta = self.table.local_changes(pending)
-            if delta is not None:
-                self._disseminate(delta)
+            self.flush_routes_now()
+
+    def flush_routes_now(self) -> None:
+        """Turn the pending local route changes into a delta and spread it."""
+        pending, self._pending_routes = self._pending_routes, []
+        delta = self.table.local_changes(pending)
+        if delta is not None:
+            self._disseminate(delta)
+
+    def own_route_snapshot(self) -> list:
+        return self.table.local_snapshot().to_wire()
+
+    def take_route_snapshot(self, wire: object) -> None:
+        """A peer's routes handed over directly (a handoff fence), ahead of gossip."""
+        snap = RouteSnapshot.from_wire(wire)
+        if snap.origin != self.node_id:
+            self.table.apply_snapshot(snap)
 
     def _disseminate(self, delta: RouteDelta) -> None:
         ts = _now_us()
@@ -202,8 +218,10 @@ class Cluster:
             wanted = [o for o in self.table.wanted if o in alive]
             self._pull_routes(wanted[0] if wanted else random.choice(alive))
 
-    def _answer(self, peer: str, frame: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    def _answer(self, peer: str, frame: dict[str, Any]) -> Any:
         kind = frame["t"]
+        if kind.startswith("ho_"):
+            return self.handoffs.answer(peer, frame)
         if kind == "routes_req":
             digest = {o: tuple(d) for o, d in frame["d"].items()}
             snaps = self.table.snapshots_newer_than(digest)
@@ -241,6 +259,38 @@ class Cluster:
                 self.forwarded_out += 1
             else:
                 self._release([item])
+
+    async def ask(self, peer: str, frame_type: str, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request over the link to `peer` and its reply; TooSlowError past `timeout`."""
+        replied = trio.Event()
+        reply: dict[str, Any] = {}
+
+        def on_reply(frame: dict[str, Any]) -> None:
+            reply.update(frame)
+            replied.set()
+
+        self._link(peer).request(frame_type, fields, on_reply)
+        with trio.fail_after(timeout):
+            await replied.wait()
+        return reply
+
+    def tell(self, peer: str, frame_type: str, fields: dict[str, Any]) -> None:
+        """A request whose reply nobody waits for."""
+        self._link(peer).request(frame_type, fields, lambda frame: None)
+
+    async def drain_link(self, peer: str, timeout: float) -> None:
+        """Wait (at most `timeout`) until what this node forwarded to `peer` so far is
+        acknowledged there."""
+        link = self.links.get(peer)
+        if link is None:
+            return
+        with trio.move_on_after(timeout) as scope:
+            await link.drained(link.enqueued)
+        if scope.cancelled_caught:
+            log.warning("link to %s did not drain within %.1f s", peer, timeout)
+
+    def session_ended(self, client_id: str) -> None:
+        self.handoffs.session_ended(client_id)
 
     def retained_targets(self) -> list[str]:
         return self.gossip.alive_members()
@@ -282,7 +332,7 @@ class Cluster:
             self.forwarded_in += 1
             self.broker.publish_remote(msg, now, plain=bool(plain), groups=groups, keep_retained=bool(keep_retained))
 
-    async def _wait_durable(self) -> None:
+    async def wait_durable(self) -> None:
         store = self.broker.store
         epoch = store.write_epoch
         if epoch <= store.durable_epoch:

@@ -13,6 +13,7 @@ acknowledged as if the peer were down, and the drop is counted and logged).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 from collections import deque
@@ -94,6 +95,10 @@ class OutboundLink:
         self.dropped = 0
         self.sent_batches = 0
         self.connected = False
+        # Items ever queued, and items acknowledged or given up: a fence waits until
+        # `settled` reaches what `enqueued` was when it started.
+        self.enqueued = 0
+        self.settled = 0
         self.requests: deque[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = deque()
         self._pending_replies: deque[Callable[[dict[str, Any]], None]] = deque()
 
@@ -104,6 +109,7 @@ class OutboundLink:
                 log.warning("link to %s: send queue full (%d); dropped %d messages", self.peer, MAX_QUEUED, self.dropped)
             return False
         self.queue.append(item)
+        self.enqueued += 1
         self._wake.set()
         return True
 
@@ -112,9 +118,15 @@ class OutboundLink:
         self.requests.append((msg_type, fields, on_reply))
         self._wake.set()
 
+    async def drained(self, mark: int) -> None:
+        """Until every item queued before `mark` was acknowledged (or given up)."""
+        while self.settled < mark:
+            await trio.sleep(0.002)
+
     def fail_all(self) -> list[LinkItem]:
         """The peer is down: hand back everything not acknowledged."""
         items = [i for batch in self.unacked.values() for i in batch] + list(self.queue)
+        self.settled += len(items)
         self.unacked.clear()
         self.queue.clear()
         self.requests.clear()
@@ -179,6 +191,7 @@ class OutboundLink:
             if frame["t"] == "fwd_ack":
                 batch = self.unacked.pop(frame.get("s"), None)
                 if batch:
+                    self.settled += len(batch)
                     self.on_acked(batch)
             elif self._pending_replies:
                 self._pending_replies.popleft()(frame)
@@ -216,6 +229,8 @@ class InboundLinks:
                     await self._take_batch(link, peer, frame)
                 else:
                     reply = self.handle_request(peer, frame)
+                    if inspect.isawaitable(reply):
+                        reply = await reply
                     if reply is not None:
                         msg_type, fields = reply
                         await link.send(msg_type, **fields)

@@ -1,0 +1,373 @@
+"""The Trio driver of session handoff and of the ownership register.
+
+Runs `session_store.handoff` over the mesh links (`routing.cluster.Cluster.ask`) and
+`session_store.ownership` over gossip (`own` broadcasts, `owners` push-pull).  The
+connection calls `prepare_connect` before it opens a session; the mesh hands the
+`ho_*` requests of peers to `answer`.
+
+Every step has a timeout (`STEP_TIMEOUT`) and the whole takeover a budget
+(`TAKEOVER_BUDGET`, below the CONNECT timeout), so a client never hangs on a dead or
+partitioned owner: the taker goes on with the newest copy it has (none: a new session,
+CONNACK session present = 0), counts a conflict and traces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from session_store.handoff import (
+    Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Takeover,
+    image_of, merge_stale, merge_tail, queue_chunk,
+)
+from mesh.hlc import HlcTimestamp
+from session_store.ownership import Claim, OwnershipRegister
+
+if TYPE_CHECKING:
+    from gossip.service import GossipService
+    from gossip.trace import NullTraceWriter, TraceWriter
+    from mesh.broker import Broker
+    from routing.cluster import Cluster
+    from session_store.model import Session
+
+log = logging.getLogger("meshd.handoff")
+
+STEP_TIMEOUT = 2.0
+TAKEOVER_BUDGET = 5.0
+FENCE_TIMEOUT = 2.0
+GIVE_TIMEOUT = 15.0  # a giver that hears nothing more keeps serving its copy
+MOVED_MEMORY = 60.0  # how long a giver remembers where a session went
+MAX_REDIRECTS = 3
+HOUSEKEEPING_INTERVAL = 5.0
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Superseded(Exception):
+    """A newer CONNECT for the same client id won while this takeover ran."""
+
+
+@dataclass
+class _Taking:
+    claim: Claim
+    scope: trio.CancelScope
+    superseded: bool = False
+    session: Any = None  # installed here, not yet complete
+
+
+@dataclass
+class HandoffStats:
+    taken: int = 0  # sessions handed over to this node
+    given: int = 0  # sessions this node handed over
+    failed: int = 0  # takeovers that fell back to a local copy (owner unreachable, errors)
+    superseded: int = 0  # CONNECTs closed with 0x8E because a newer one won elsewhere
+    kicked: int = 0  # local connections closed because a newer CONNECT claimed the id
+    durations_ms: list[float] = field(default_factory=list)  # the last takeovers, for /metrics
+
+
+class Handoffs:
+    def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService", cluster: "Cluster",
+                 trace: "TraceWriter | NullTraceWriter") -> None:
+        self.node_id = node_id
+        self.broker = broker
+        self.gossip = gossip
+        self.cluster = cluster
+        self.trace = trace
+        self.register = OwnershipRegister(node_id)
+        self.giving: dict[str, Giving] = {}
+        self.taking: dict[str, _Taking] = {}
+        self.moved: dict[str, tuple[str, float]] = {}
+        self._locks: dict[str, trio.Lock] = {}
+        self.stats = HandoffStats()
+        self.malformed = 0
+        gossip.on_broadcast("own", self._on_claim_broadcast)
+        gossip.register_push_pull("owners", self._owners_state, self._merge_owners)
+
+    async def run(self) -> None:
+        """Housekeeping: givers that timed out, old tombstones, old `moved` notes."""
+        while True:
+            await trio.sleep(HOUSEKEEPING_INTERVAL)
+            self.housekeeping(time.time())
+
+    def housekeeping(self, now: float) -> None:
+        for cid, giving in list(self.giving.items()):
+            if now - giving.started > GIVE_TIMEOUT:
+                del self.giving[cid]
+                log.warning("handoff of %s to %s timed out; keeping the session here", cid, giving.taker)
+        for cid, (_, at) in list(self.moved.items()):
+            if now - at > MOVED_MEMORY:
+                del self.moved[cid]
+        self.register.prune(int(now * 1000))
+
+    # ------------------------------------------------------------ ownership
+
+    def _peers(self) -> bool:
+        return bool(self.gossip.alive_members())
+
+    def _announce(self, claim: Claim) -> None:
+        if self._peers():
+            self.gossip.broadcast("own", claim.client_id, claim.to_wire())
+
+    def session_ended(self, client_id: str) -> None:
+        if client_id in self.register.claims:
+            claim = self.register.release(client_id, _wall_ms())
+            if claim is not None:
+                self._announce(claim)
+
+    def _on_claim_broadcast(self, origin: str, payload: object) -> None:
+        try:
+            claim = Claim.from_wire(payload)
+        except (TypeError, ValueError) as exc:
+            self.malformed += 1
+            log.warning("dropping a malformed ownership claim from %s: %s", origin, exc)
+            return
+        self._take_claim(claim)
+
+    def _owners_state(self) -> object:
+        return self.register.to_wire()
+
+    def _merge_owners(self, state: object) -> None:
+        try:
+            claims = OwnershipRegister.claims_from_wire(state)
+        except (TypeError, ValueError) as exc:
+            self.malformed += 1
+            log.warning("dropping malformed ownership state: %s", exc)
+            return
+        for claim in claims:
+            self._take_claim(claim)
+
+    def _take_claim(self, claim: Claim) -> None:
+        if not self.register.merge(claim, _wall_ms()) or claim.owner in (None, self.node_id):
+            return
+        cid = claim.client_id
+        taking = self.taking.get(cid)
+        if taking is not None and claim.stamp > taking.claim.stamp:
+            taking.superseded = True
+            taking.scope.cancel()
+        if cid in self.broker.connections:
+            # A newer CONNECT elsewhere: this connection is taken over (0x8E).
+            self.stats.kicked += 1
+            log.info("%s connected at %s: closing its connection here (session taken over)", cid, claim.owner)
+            self.broker.detach_for_handoff(cid, time.time())
+        if claim.clean and cid not in self.giving:
+            # Clean start elsewhere: whatever this node kept for the client is void.
+            self.broker.discard_session(cid, time.time())
+
+    # ------------------------------------------------------------ the taker
+
+    async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str:
+        """Before a CONNECT opens its session here: claim the client id, and when the
+        session lives on another node, take it over.  'ok' to go on; 'superseded' when
+        a newer CONNECT elsewhere won (close this one with 0x8E)."""
+        lock = self._locks.get(client_id)
+        if lock is None:
+            lock = self._locks[client_id] = trio.Lock()
+        try:
+            async with lock:
+                return await self._prepare(client_id, clean_start, persistent)
+        finally:
+            if not lock.locked() and lock.statistics().tasks_waiting == 0:
+                self._locks.pop(client_id, None)
+
+    async def _prepare(self, client_id: str, clean_start: bool, persistent: bool) -> str:
+        previous = self.register.get(client_id)
+        if not persistent and clean_start and not self._peers():
+            return "ok"  # a lone node keeps no claims for clean sessions
+        claim = self.register.claim(client_id, _wall_ms(), clean=clean_start)
+        self._announce(claim)
+        giving = self.giving.pop(client_id, None)
+        if giving is not None:
+            log.info("%s came back here: handoff to %s abandoned", client_id, giving.taker)
+        owner = previous.owner if previous is not None else None
+        if clean_start or owner is None or owner == self.node_id:
+            return "ok"
+        if owner not in self.gossip.alive_members():
+            self._fallback(client_id, owner, "owner unreachable")
+            return "ok"
+        return await self._take_over(client_id, owner, claim)
+
+    def _fallback(self, client_id: str, owner: str, why: str) -> None:
+        self.stats.failed += 1
+        have = client_id in self.broker.sessions
+        log.warning("session %s: cannot take it over from %s (%s); going on with %s", client_id, owner, why,
+                    "the copy held here" if have else "a new session")
+        self.trace.emit(ts_us=int(time.time() * 1_000_000), kind="session_handoff", subject=client_id, origin=owner,
+                        to=self.node_id, outcome="fallback", reason=why, duration_ms=0.0, messages=0)
+
+    async def _take_over(self, client_id: str, owner: str, claim: Claim) -> str:
+        started = trio.current_time()
+        taking = _Taking(claim, trio.CancelScope(deadline=started + TAKEOVER_BUDGET))
+        self.taking[client_id] = taking
+        machine = Takeover(client_id, owner, claim.stamp.to_wire())
+        try:
+            with taking.scope:
+                return await self._drive(machine, taking, started)
+            if taking.superseded:
+                return self._superseded(client_id, taking)
+            self._fallback(client_id, machine.owner, "timed out")
+            return "ok"
+        except _Superseded:
+            return self._superseded(client_id, taking)
+        except (trio.TooSlowError, HandoffError, OSError, trio.BrokenResourceError) as exc:
+            self._fallback(client_id, machine.owner, str(exc) or type(exc).__name__)
+            return "ok"
+        finally:
+            if self.taking.get(client_id) is taking:
+                del self.taking[client_id]
+
+    def _superseded(self, client_id: str, taking: _Taking) -> str:
+        self.stats.superseded += 1
+        if taking.session is not None:
+            self.broker.discard_session(client_id, time.time())
+        log.info("%s: a newer CONNECT elsewhere won; closing this one (0x8E)", client_id)
+        return "superseded"
+
+    async def _drive(self, machine: Takeover, taking: _Taking, started: float) -> str:
+        client_id = machine.client_id
+        step: Any = machine.start()
+        redirects = 0
+        while True:
+            if isinstance(step, Ask):
+                reply = await self.cluster.ask(machine.owner, step.frame_type, step.fields, STEP_TIMEOUT)
+                step = machine.on_reply(reply)
+            elif isinstance(step, Install):
+                stale = self.broker.sessions.get(client_id)
+                stored = merge_stale(step.session, stale) if stale is not None and stale.persistent else step.session
+                taking.session = self.broker.install_session(stored, time.time())
+                await self.cluster.wait_durable()
+                await self._fence(machine.owner)
+                step = machine.installed()
+            elif isinstance(step, MergeTail):
+                session = taking.session
+                add, drop = merge_tail(session.queue if session.queued else (),
+                                       (e.delivery for e in session.inflight.values()), step.tail, machine.base)
+                self.broker.merge_handed_tail(session, add, drop)
+                await self.cluster.wait_durable()
+                done, finished = machine.merged()
+                # The owner may delete its copy now; its answer is not needed.
+                self.cluster.tell(machine.owner, done.frame_type, done.fields)
+                self._finished(machine, finished, started)
+                return "ok"
+            elif isinstance(step, Redirect):
+                redirects += 1
+                if redirects > MAX_REDIRECTS or step.node == self.node_id or step.node not in self.gossip.alive_members():
+                    raise HandoffError(f"redirected to {step.node}")
+                machine = Takeover(client_id, step.node, machine.claim_wire)
+                step = machine.start()
+            elif isinstance(step, Refused):
+                if step.why == "none":
+                    log.info("%s: %s holds no session for it; starting afresh", client_id, machine.owner)
+                    return "ok"
+                if step.why in ("superseded", "aborted"):
+                    raise _Superseded()
+                raise HandoffError(f"refused: {step.why}")
+            else:
+                raise HandoffError(f"unexpected step {step!r}")
+
+    def _finished(self, machine: Takeover, finished: Finished, started: float) -> None:
+        duration_ms = (trio.current_time() - started) * 1000
+        self.stats.taken += 1
+        self.stats.durations_ms.append(duration_ms)
+        del self.stats.durations_ms[:-1000]
+        log.info("session %s handed over from %s in %.1f ms (%d messages)", machine.client_id, machine.owner,
+                 duration_ms, finished.messages)
+        self.trace.emit(ts_us=int(time.time() * 1_000_000), kind="session_handoff", subject=machine.client_id,
+                        origin=machine.owner, to=self.node_id, outcome="ok", duration_ms=round(duration_ms, 3),
+                        messages=finished.messages)
+
+    async def _fence(self, owner: str) -> None:
+        """After this node's routes for the session exist: every member takes them and
+        waits until what it sent to the owner before is acknowledged there, so the
+        owner's tail holds everything that did not reach this node directly."""
+        self.cluster.flush_routes_now()
+        snapshot = self.cluster.own_route_snapshot()
+        members = [m for m in self.gossip.alive_members() if m != owner]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.cluster.drain_link, owner, FENCE_TIMEOUT)
+            for member in members:
+                nursery.start_soon(self._fence_one, member, owner, snapshot)
+
+    async def _fence_one(self, member: str, owner: str, snapshot: Any) -> None:
+        try:
+            await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 1.0)
+        except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+            log.warning("fence at %s failed (%s): messages it sent to %s may arrive out of order", member, exc, owner)
+
+    # ------------------------------------------------------------ the giver
+
+    def answer(self, peer: str, frame: dict[str, Any]) -> Any:
+        kind = frame["t"]
+        cid = frame.get("c")
+        if kind == "ho_fence":
+            return self._answer_fence(frame)
+        if not isinstance(cid, str):
+            raise ValueError("handoff frame without a client id")
+        now = time.time()
+        if kind == "ho_begin":
+            return "ho_state", self._answer_begin(peer, cid, Claim(cid, peer, _stamp(frame["h"])), now)
+        giving = self.giving.get(cid)
+        session = self.broker.sessions.get(cid)
+        if giving is None or giving.taker != peer or session is None or cid in self.broker.connections:
+            return "ho_state", {"ok": False, "why": "aborted"}
+        cursor = int(frame.get("cur", 0))
+        if kind == "ho_more":
+            q, cur, more = queue_chunk(session.queue if session.queued else (), cursor)
+            return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
+        if kind == "ho_commit":
+            if giving.commit_seq is None:
+                giving.commit_seq = session.next_seq - 1
+            q, cur, more = queue_chunk(session.queue if session.queued else (), cursor, giving.commit_seq)
+            return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
+        if kind == "ho_done":
+            del self.giving[cid]
+            self.moved[cid] = (peer, now)
+            self.stats.given += 1
+            self.broker.discard_session(cid, now)
+            log.info("session %s handed over to %s", cid, peer)
+            return "ho_state", {"ok": True}
+        raise ValueError(f"unknown handoff frame {kind!r}")
+
+    def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> dict[str, Any]:
+        self.register.merge(claim, _wall_ms())
+        current = self.register.get(cid)
+        if current is not None and current.stamp > claim.stamp:
+            return {"ok": False, "why": "superseded"}
+        session = self.broker.sessions.get(cid)
+        if session is None or not session.persistent:
+            moved = self.moved.get(cid)
+            if moved is not None and moved[0] != peer:
+                return {"ok": False, "moved": moved[0]}
+            return {"ok": False, "why": "none"}
+        previous = self.giving.get(cid)
+        if previous is not None and previous.taker != peer:
+            log.info("handoff of %s to %s superseded by a newer one to %s", cid, previous.taker, peer)
+        self.broker.detach_for_handoff(cid, now)
+        self.giving[cid] = Giving(cid, peer, now)
+        q, cur, more = queue_chunk(session.queue if session.queued else (), 0)
+        return {"ok": True, "img": image_of(session), "q": q, "cur": cur, "more": more}
+
+    async def _answer_fence(self, frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        owner = frame["o"]
+        if not isinstance(owner, str):
+            raise ValueError("bad fence")
+        self.cluster.take_route_snapshot(frame["snap"])
+        await self.cluster.drain_link(owner, FENCE_TIMEOUT)
+        return "ho_fenced", {"ok": True}
+
+    # ------------------------------------------------------------ inspection
+
+    def session_owner(self, client_id: str) -> str | None:
+        return self.register.owner(client_id)
+
+
+def _stamp(data: Any) -> HlcTimestamp:
+    try:
+        return HlcTimestamp.from_wire(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad claim stamp: {exc}") from None
