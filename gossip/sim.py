@@ -390,7 +390,7 @@ class Simulation:
         det = self.detectors[i]
         for ev in evs:
             self.partition_events.append((i, ev))
-            self.writers[i].emit(origin=self.names[i], sim=True, **trace_fields(ev))
+            self.writers[i].emit(origin=self.names[i], sim=True, **trace_fields(ev, 0.0, self.cfg))
         t = det.next_deadline()
         if t is not None and t != self._detect_at[i]:
             self._detect_at[i] = t

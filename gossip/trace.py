@@ -19,6 +19,10 @@ event_id        str      unique per origin event
 hops            int      0 for the origin's own first observation
 incarnation     int      member incarnation, where it applies (else null)
 sim             bool     written by the simulator
+peers           str      partition records: the other side, comma separated
+majority        bool     partition_detected: our side holds the majority
+took_us         int      partition records: detection / heal duration (µs)
+suspicion_us    int      partition_detected: minimum suspicion timeout (µs)
 ==============  =======  ===================================================
 
 The first observation of an event by its origin has ``hops`` 0 and
@@ -45,6 +49,13 @@ TRACE_FIELDS: tuple[str, ...] = (
     "incarnation",
     "sim",
 )
+
+# Written only by some kinds, absent (null) elsewhere: partition records carry the
+# other side (``peers``, comma separated), whether ours is the ``majority`` side,
+# and ``took_us`` (detection: onset to detection; heal: first contact to one view).
+# ``suspicion_us`` on a detection is the minimum suspicion timeout for the view's size,
+# the yardstick for its detection time.
+OPTIONAL_FIELDS: tuple[str, ...] = ("peers", "majority", "took_us", "suspicion_us")
 
 TRACE_KINDS: frozenset[str] = frozenset(
     {

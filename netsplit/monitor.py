@@ -99,7 +99,7 @@ class PartitionMonitor:
 
     def _publish(self, events: list[Event]) -> None:
         for ev in events:
-            self.trace.emit(origin=self.node_id, **trace_fields(ev, self._offset))
+            self.trace.emit(origin=self.node_id, **trace_fields(ev, self._offset, self.gossip.config))
             self.history.append(event_json(ev, self._offset))
             (log.warning if isinstance(ev, PartitionDetected) else log.info)("%s", describe(ev))
             for h in self._handlers:

@@ -5,12 +5,16 @@ observing node (a partition is this node's conclusion).  Extra fields, read by
 ``spark_analysis``: ``peers`` (the other side, comma separated), ``majority``
 (our side holds a majority of the last stable view) and ``took_us`` (detection:
 onset to detection; heal: first contact to one view).  ``local`` / ``remote`` /
-``missing`` lists are for people reading the file.
+``missing`` lists are for people reading the file; ``suspicion_us`` on a detection is
+the minimum suspicion timeout for the view's size, the yardstick for ``took_us``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from gossip.config import GossipConfig
+from gossip.formulas import suspicion_timeout
 
 from .detector import PartitionDetected, PartitionHealed
 
@@ -19,17 +23,29 @@ def _us(t: float) -> int:
     return int(round(t * 1_000_000))
 
 
-def trace_fields(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0) -> dict[str, Any]:
+def suspicion_s(config: GossipConfig, members: int) -> float:
+    """The minimum suspicion timeout in a view of ``members``: each side of a split
+    should hold the other dead within about this (plus probing and gossip)."""
+    return suspicion_timeout(config.suspicion_mult, members, config.probe_interval)
+
+
+def trace_fields(
+    ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0, config: GossipConfig | None = None
+) -> dict[str, Any]:
     """Keyword arguments for ``TraceWriter.emit`` (``clock_offset`` turns the
-    detector's monotonic seconds into the trace clock)."""
+    detector's monotonic seconds into the trace clock; ``config`` adds the
+    suspicion timeout a detection is measured against)."""
     ts = _us(ev.at + clock_offset)
     if isinstance(ev, PartitionDetected):
-        return {
+        out: dict[str, Any] = {
             "ts_us": ts, "kind": "partition_detected", "subject": ev.partition_id,
             "peers": ",".join(sorted(ev.remote)), "majority": ev.majority,
             "took_us": _us(ev.detection_s), "onset_ts_us": _us(ev.onset + clock_offset),
             "local": sorted(ev.local), "remote": sorted(ev.remote),
         }
+        if config is not None:
+            out["suspicion_us"] = _us(suspicion_s(config, len(ev.stable_view)))
+        return out
     return {
         "ts_us": ts, "kind": "partition_healed", "subject": ev.partition_id,
         "peers": ",".join(sorted(ev.remote)), "took_us": _us(ev.heal_s),

@@ -30,6 +30,10 @@ ARROW_SCHEMA = pa.schema(
         ("hops", pa.int64()),
         ("incarnation", pa.int64()),
         ("sim", pa.bool_()),
+        ("peers", pa.string()),
+        ("majority", pa.bool_()),
+        ("took_us", pa.int64()),
+        ("suspicion_us", pa.int64()),
     ]
 )
 ROWS_PER_FILE = 2_000_000  # Parquet files Spark can read in parallel

@@ -1,10 +1,16 @@
-"""Partition episodes: each ``partition_detected`` paired with the next ``partition_healed``
-written by the same node.
+"""Partition episodes: each ``partition_detected`` paired with the ``partition_healed``
+of the same partition (same ``node`` and ``subject``, the partition id).
 
-``detection_s`` counts from the onset: the node's own first ``member_suspect`` (one it
-originated) after its previous partition record, up to the detection; when the
-detection's ``subject`` lists members (comma or space separated) only suspicions of
-those count. Null when the node suspected nobody first. ``heal_s`` runs from detection to heal; null while unhealed.
+Records from ``netsplit`` carry the measurements themselves: ``took_us`` on a
+detection is onset to detection (onset: the first member of the group stopped
+answering), on a heal first contact to one view; ``peers`` names the other side,
+``majority`` says which side the observer is on, ``suspicion_us`` the minimum
+suspicion timeout the detection is held against (within it + 3 s is the target).
+
+Records without ``took_us`` (older writers) fall back to what the traces show:
+detection from the node's own first ``member_suspect`` (one it originated) after
+its previous partition record, of a member in ``peers`` (or in ``subject`` read as
+a member list), up to the detection; heal from detection to heal.
 """
 
 from __future__ import annotations
@@ -13,35 +19,45 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 US = 1_000_000.0
+BOUND_SLACK_S = 3.0  # the issue's target: each side holds the other dead within suspicion timeout + 3 s
 
 
 def partition_episodes(traces: DataFrame) -> DataFrame:
-    """Per detection: ``node``, ``subject``, ``detected_ts_us``, ``healed_ts_us``,
-    ``detection_s``, ``heal_s``."""
+    """Per detection: ``node``, ``subject``, ``peers``, ``majority``,
+    ``detected_ts_us``, ``healed_ts_us``, ``detection_s``, ``heal_s`` (first contact
+    to one view, or detection to heal), ``split_s`` (detection to heal),
+    ``within_bound`` (detection within suspicion timeout + 3 s; null if unknown)."""
     marks = traces.filter(F.col("kind").isin("partition_detected", "partition_healed"))
     w = Window.partitionBy("node").orderBy("ts_us", "kind")
-    seq = marks.select(
-        "node",
-        "subject",
-        "kind",
-        "ts_us",
-        F.lead("kind").over(w).alias("next_kind"),
-        F.lead("ts_us").over(w).alias("next_ts"),
-        F.lag("ts_us").over(w).alias("prev_ts"),
+    prev = marks.select("node", "ts_us", F.lag("ts_us").over(w).alias("prev_ts"))
+    detected = (
+        marks.filter(F.col("kind") == "partition_detected")
+        .join(prev, ["node", "ts_us"])
+        .select(
+            "node",
+            "subject",
+            F.coalesce("peers", "subject").alias("peers"),
+            "majority",
+            F.col("ts_us").alias("detected_ts_us"),
+            F.col("took_us").alias("_took"),
+            F.col("suspicion_us").alias("_susp"),
+            F.coalesce("prev_ts", F.lit(-(2**62))).alias("_since"),
+        )
+        .dropDuplicates(["node", "subject", "detected_ts_us"])
     )
-    detected = seq.filter(F.col("kind") == "partition_detected").select(
-        "node",
-        "subject",
-        F.col("ts_us").alias("detected_ts_us"),
-        F.when(F.col("next_kind") == "partition_healed", F.col("next_ts")).alias("healed_ts_us"),
-        F.coalesce("prev_ts", F.lit(-(2**62))).alias("_since"),
+    healed = (
+        marks.filter(F.col("kind") == "partition_healed")
+        .groupBy("node", "subject")
+        .agg(F.min(F.struct("ts_us", "took_us")).alias("_h"))
+        .select("node", "subject", F.col("_h.ts_us").alias("healed_ts_us"), F.col("_h.took_us").alias("_heal_took"))
     )
     suspects = traces.filter(
         (F.col("kind") == "member_suspect") & (F.col("origin") == F.col("node"))
     ).select(F.col("node").alias("_s_node"), F.col("ts_us").alias("_s_ts"), F.col("subject").alias("_s_subject"))
-    members = F.filter(F.split(F.coalesce("subject", F.lit("")), r"[,\s]+"), lambda m: m != "")
+    members = F.filter(F.split(F.coalesce("peers", F.lit("")), r"[,\s]+"), lambda m: m != "")
     onset = (
-        detected.withColumn("_members", members)
+        detected.filter(F.col("_took").isNull())
+        .withColumn("_members", members)
         .join(
             suspects,
             (F.col("node") == F.col("_s_node"))
@@ -52,11 +68,23 @@ def partition_episodes(traces: DataFrame) -> DataFrame:
         .groupBy("node", "detected_ts_us")
         .agg(F.min("_s_ts").alias("onset_ts_us"))
     )
-    return detected.join(onset, ["node", "detected_ts_us"], "left").select(
-        "node",
-        "subject",
-        "detected_ts_us",
-        "healed_ts_us",
-        ((F.col("detected_ts_us") - F.col("onset_ts_us")) / US).alias("detection_s"),
-        ((F.col("healed_ts_us") - F.col("detected_ts_us")) / US).alias("heal_s"),
+    detection = F.coalesce(F.col("_took") / US, (F.col("detected_ts_us") - F.col("onset_ts_us")) / US)
+    split = (F.col("healed_ts_us") - F.col("detected_ts_us")) / US
+    return (
+        detected.join(onset, ["node", "detected_ts_us"], "left")
+        .join(healed, ["node", "subject"], "left")
+        # a heal belongs to this detection only if it came after it
+        .withColumn("healed_ts_us", F.when(F.col("healed_ts_us") >= F.col("detected_ts_us"), F.col("healed_ts_us")))
+        .select(
+            "node",
+            "subject",
+            "peers",
+            "majority",
+            "detected_ts_us",
+            "healed_ts_us",
+            detection.alias("detection_s"),
+            F.when(F.col("healed_ts_us").isNotNull(), F.coalesce(F.col("_heal_took") / US, split)).alias("heal_s"),
+            split.alias("split_s"),
+            F.when(F.col("_susp").isNotNull(), detection <= F.col("_susp") / US + BOUND_SLACK_S).alias("within_bound"),
+        )
     )

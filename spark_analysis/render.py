@@ -160,6 +160,10 @@ img{max-width:100%} .empty{color:#888}
 """
 
 
+def _side(majority: bool | None) -> str:
+    return "n/a" if majority is None else ("majority" if majority else "minority")
+
+
 def headline_rows(summary: dict[str, Any]) -> list[list[str]]:
     d = summary["dissemination"]
     det = summary["detection"]
@@ -180,6 +184,9 @@ def headline_rows(summary: dict[str, Any]) -> list[list[str]]:
         ["undetected crashes", str(det["undetected"])],
         ["false positives", str(summary["false_positives"]["count"])],
         ["partitions detected / healed", f"{part['count']} / {part['healed']}"],
+        ["partition detection p99 (majority / minority side)",
+         " / ".join(fmt_s(part.get("by_side", {}).get(k, {}).get("detection_s_p99")) for k in ("majority", "minority"))],
+        ["partition heal p99 (first contact to one view)", fmt_s(part.get("heal_s_p99"))],
         ["bad lines skipped", str(summary["input"]["bad_lines"])],
     ]
 
@@ -212,9 +219,14 @@ def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
     fp = summary["false_positives"]
     fp_rows = [[r["member"], r["declared_by"], r["ts_us"]] for r in fp["list"]]
     part_rows = [
-        [r["node"], r["subject"], r["detected_ts_us"], r["healed_ts_us"] or "not healed",
-         fmt_s(r["detection_s"]), fmt_s(r["heal_s"])]
+        [r["node"], r["subject"], r.get("peers") or "", _side(r.get("majority")), r["detected_ts_us"],
+         r["healed_ts_us"] or "not healed", fmt_s(r["detection_s"]), fmt_s(r["heal_s"])]
         for r in summary["partitions"]["list"]
+    ]
+    side_rows = [
+        [side, v["count"], fmt_s(v["detection_s_p50"]), fmt_s(v["detection_s_p99"]), fmt_s(v["detection_s_max"]),
+         v["within_bound"] or "n/a", v["healed"], fmt_s(v["heal_s_p50"]), fmt_s(v["heal_s_p99"]), fmt_s(v["heal_s_max"])]
+        for side, v in summary["partitions"].get("by_side", {}).items()
     ]
     lag_rows = [
         [r["node"], r["observations"], fmt_s(r["lag_p50_s"]), fmt_s(r["lag_p99_s"])]
@@ -242,7 +254,13 @@ alive at that moment had observed the event (nearest rank).</p>
 <h2>False positives ({fp["count"]})</h2>
 {_table(["member", "declared dead by", "ts_us"], fp_rows, "no member was declared dead while alive")}
 <h2>Partitions</h2>
-{_table(["node", "subject", "detected_ts_us", "healed_ts_us", "detection", "heal"], part_rows,
+<p>Detection runs from the onset (the first member of the group stopped answering) to
+the conclusion that the group is lost; the target is the suspicion timeout + 3 s.
+Heal runs from the first contact with the other side to one view.</p>
+{_table(["side", "detections", "detection p50", "detection p99", "detection max",
+         "within suspicion timeout + 3 s", "healed", "heal p50", "heal p99", "heal max"], side_rows,
+        "no partition detected")}
+{_table(["node", "partition", "other side", "side", "detected_ts_us", "healed_ts_us", "detection", "heal"], part_rows,
         "no partition detected")}
 <h2>Slowest nodes</h2>
 {img("per_node_lag.png", "per-node lag")}

@@ -1,6 +1,6 @@
 """The trace schema as Spark sees it, declared once.
 
-Mirrors ``gossip.trace.TRACE_FIELDS``; ``tests/spark_analysis/test_schema.py`` writes
+Mirrors ``gossip.trace.TRACE_FIELDS`` followed by ``OPTIONAL_FIELDS``; ``tests/spark_analysis/test_schema.py`` writes
 traces with the real ``TraceWriter`` and reads them back with this schema.
 """
 
@@ -26,6 +26,11 @@ TRACE_SCHEMA = StructType(
         StructField("hops", LongType(), True),
         StructField("incarnation", LongType(), True),
         StructField("sim", BooleanType(), True),
+        # optional: partition records only
+        StructField("peers", StringType(), True),
+        StructField("majority", BooleanType(), True),
+        StructField("took_us", LongType(), True),
+        StructField("suspicion_us", LongType(), True),
     ]
 )
 

@@ -128,35 +128,57 @@ def false_positive_summary(fp: DataFrame) -> dict[str, Any]:
     }
 
 
-def partition_summary(episodes: DataFrame, method: Method) -> dict[str, Any]:
-    row = episodes.agg(
+def _partition_aggs(method: Method) -> list:
+    return [
         F.count(F.lit(1)).alias("count"),
         F.count("healed_ts_us").alias("healed"),
         pct("detection_s", 0.5, method).alias("detection_s_p50"),
+        pct("detection_s", 0.99, method).alias("detection_s_p99"),
         F.max("detection_s").alias("detection_s_max"),
+        F.sum(F.col("within_bound").cast("int")).alias("within_bound"),
+        F.count("within_bound").alias("bound_known"),
         pct("heal_s", 0.5, method).alias("heal_s_p50"),
+        pct("heal_s", 0.99, method).alias("heal_s_p99"),
         F.max("heal_s").alias("heal_s_max"),
-    ).first()
+    ]
+
+
+def _partition_shape(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: json_number(row.get(k)) for k in (
+        "detection_s_p50", "detection_s_p99", "detection_s_max", "heal_s_p50", "heal_s_p99", "heal_s_max",
+    )}
+    out.update(count=int(row.get("count") or 0), healed=int(row.get("healed") or 0))
+    known = int(row.get("bound_known") or 0)
+    # detections within suspicion timeout + 3 s, of those whose timeout is known
+    out["within_bound"] = f"{int(row.get('within_bound') or 0)}/{known}" if known else None
+    return out
+
+
+def partition_summary(episodes: DataFrame, method: Method) -> dict[str, Any]:
+    """Overall and per side (``majority`` / ``minority``, as each observer saw its
+    own side) detection and heal times."""
+    aggs = _partition_aggs(method)
+    result = _partition_shape(episodes.agg(*aggs).first().asDict())
+    side = F.when(F.col("majority"), "majority").when(~F.col("majority"), "minority").otherwise("unknown")
+    by_side = {r["side"]: _partition_shape(r.asDict()) for r in episodes.groupBy(side.alias("side")).agg(*aggs).collect()}
+    result["by_side"] = {k: by_side[k] for k in sorted(by_side)}
     rows = episodes.orderBy("detected_ts_us", "node").limit(LIST_LIMIT).collect()
-    return {
-        "count": int(row["count"]),
-        "healed": int(row["healed"]),
-        "detection_s_p50": json_number(row["detection_s_p50"]),
-        "detection_s_max": json_number(row["detection_s_max"]),
-        "heal_s_p50": json_number(row["heal_s_p50"]),
-        "heal_s_max": json_number(row["heal_s_max"]),
-        "list": [
-            {
-                "node": r["node"],
-                "subject": r["subject"],
-                "detected_ts_us": r["detected_ts_us"],
-                "healed_ts_us": r["healed_ts_us"],
-                "detection_s": json_number(r["detection_s"]),
-                "heal_s": json_number(r["heal_s"]),
-            }
-            for r in rows
-        ],
-    }
+    result["list"] = [
+        {
+            "node": r["node"],
+            "subject": r["subject"],
+            "peers": r["peers"],
+            "majority": r["majority"],
+            "detected_ts_us": r["detected_ts_us"],
+            "healed_ts_us": r["healed_ts_us"],
+            "detection_s": json_number(r["detection_s"]),
+            "heal_s": json_number(r["heal_s"]),
+            "split_s": json_number(r["split_s"]),
+            "within_bound": r["within_bound"],
+        }
+        for r in rows
+    ]
+    return result
 
 
 def lag_summary(lag: DataFrame, top: int = LAG_TOP) -> list[dict[str, Any]]:

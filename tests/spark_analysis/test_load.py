@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gossip.trace import TRACE_FIELDS, trace_record
+from gossip.trace import OPTIONAL_FIELDS, TRACE_FIELDS, trace_record
 from spark_analysis import cli
 from spark_analysis.errors import NoTracesError, SchemaMismatchError
 from spark_analysis.load import load_traces, resolve_inputs
@@ -80,7 +80,7 @@ def test_parquet_input_and_parquet_schema_mismatch(spark, tmp_path):
     pq.write_table(table, tmp_path / "t.parquet")
     loaded = load_traces(spark, [str(tmp_path / "t.parquet")])
     assert loaded.rows == 4 and loaded.bad_lines == 0
-    assert loaded.traces.columns == list(TRACE_FIELDS)
+    assert loaded.traces.columns == list(TRACE_FIELDS + OPTIONAL_FIELDS)
 
     pq.write_table(table.drop_columns(["ts_us"]), tmp_path / "u.parquet")
     with pytest.raises(SchemaMismatchError, match="lacks trace field.*ts_us"):

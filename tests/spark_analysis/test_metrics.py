@@ -6,7 +6,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from gossip.trace import trace_record
-from spark_analysis import dissemination, failures, lifetimes, partitions
+from spark_analysis import dissemination, failures, lifetimes, partitions, summary
 from spark_analysis.load import load_traces
 from spark_analysis.stats import Method, choose_method, pct
 from spark_analysis.summary import counts_percentile, dissemination_summary
@@ -98,14 +98,48 @@ def test_false_positive_is_the_declaration_of_a_live_member(spark, frames):
     assertDataFrameEqual(fp, expected)
 
 
+EPISODE = (
+    "node string, subject string, peers string, majority boolean, detected_ts_us long, healed_ts_us long, "
+    "detection_s double, heal_s double, split_s double, within_bound boolean"
+)
+
+
 def test_partition_episode(spark, frames):
+    # an older writer: no took_us, so detection and heal come from the traces
     episodes = partitions.partition_episodes(frames["traces"])
-    expected = spark.createDataFrame(
-        [("a", "c", 60 * S, 70 * S, 2.0, 10.0)],
-        "node string, subject string, detected_ts_us long, healed_ts_us long, "
-        "detection_s double, heal_s double",
-    )
+    expected = spark.createDataFrame([("a", "c", "c", None, 60 * S, 70 * S, 2.0, 10.0, 10.0, None)], EPISODE)
     assertDataFrameEqual(episodes, expected)
+
+
+def test_partition_episodes_from_detector_records(spark, tmp_path):
+    def rec(node: str, kind: str, t: float, pid: str, **extra) -> dict:
+        return trace_record(ts_us=round(t * S), node=node, kind=kind, subject=pid, **extra)
+
+    recs = [
+        # x (majority) lost y: 4.5 s after onset, timeout 4 s -> within 7 s
+        rec("x", "partition_detected", 10, "x/1", peers="y", majority=True, took_us=4_500_000, suspicion_us=4 * S),
+        # y (minority) lost x: 9 s, beyond 4 + 3
+        rec("y", "partition_detected", 14, "y/1", peers="x", majority=False, took_us=9 * S, suspicion_us=4 * S),
+        rec("x", "partition_healed", 40, "x/1", peers="y", took_us=500_000),
+        rec("y", "partition_healed", 40.2, "y/1", peers="x", took_us=700_000),
+        # a second split at x, never healed
+        rec("x", "partition_detected", 60, "x/2", peers="y", majority=True, took_us=5 * S, suspicion_us=4 * S),
+    ]
+    traces = load_traces(spark, [str(write_traces(tmp_path, recs))]).traces
+    episodes = partitions.partition_episodes(traces)
+    expected = spark.createDataFrame(
+        [
+            ("x", "x/1", "y", True, 10 * S, 40 * S, 4.5, 0.5, 30.0, True),
+            ("y", "y/1", "x", False, 14 * S, 40_200_000, 9.0, 0.7, 26.2, False),
+            ("x", "x/2", "y", True, 60 * S, None, 5.0, None, None, True),
+        ],
+        EPISODE,
+    )
+    assertDataFrameEqual(episodes, expected, rtol=1e-9)
+    s = summary.partition_summary(episodes, EXACT)
+    assert (s["count"], s["healed"], s["within_bound"]) == (3, 2, "2/3")
+    assert s["by_side"]["majority"]["detection_s_max"] == 5.0 and s["by_side"]["minority"]["within_bound"] == "0/1"
+    assert s["heal_s_max"] == 0.7 and s["list"][0]["peers"] == "y"
 
 
 def test_per_node_lag(spark, frames):

@@ -6,7 +6,7 @@ import pytest
 from pyspark.sql.types import BooleanType, LongType, StringType
 from pyspark.testing import assertDataFrameEqual
 
-from gossip.trace import TRACE_FIELDS, TraceWriter, trace_record
+from gossip.trace import OPTIONAL_FIELDS, TRACE_FIELDS, TraceWriter, trace_record
 from spark_analysis.load import load_traces
 from spark_analysis.schema import TRACE_SCHEMA
 
@@ -14,8 +14,9 @@ pytestmark = pytest.mark.spark
 
 
 def test_schema_declares_exactly_the_writer_fields():
-    assert tuple(TRACE_SCHEMA.fieldNames()) == TRACE_FIELDS
+    assert tuple(TRACE_SCHEMA.fieldNames()) == TRACE_FIELDS + OPTIONAL_FIELDS
     types = {f.name: f.dataType for f in TRACE_SCHEMA.fields}
+    assert types["majority"] == BooleanType() and types["took_us"] == LongType() and types["peers"] == StringType()
     # Timestamps are microseconds since the epoch: past 2**31, so 64-bit.
     assert types["ts_us"] == LongType() and types["origin_ts_us"] == LongType()
     assert types["sim"] == BooleanType() and types["node"] == StringType()
@@ -35,6 +36,9 @@ def test_rotated_writer_output_reads_back_with_the_schema(spark, tmp_path):
             incarnation=i if i % 3 else None,
             sim=bool(i % 2),
             note="extra fields are allowed and ignored",
+            # partition records carry the optional fields; others leave them out
+            **({"peers": "n3,n4", "majority": bool(i % 2), "took_us": 1000 * i, "suspicion_us": 4_000_000}
+               if i % 5 == 0 else {}),
         )
         for i in range(40)
     ]
@@ -50,7 +54,7 @@ def test_rotated_writer_output_reads_back_with_the_schema(spark, tmp_path):
         [str(p) for p in tmp_path.iterdir()]
     )
     expected = spark.createDataFrame(
-        [tuple(rec[f] for f in TRACE_FIELDS) for rec in records], TRACE_SCHEMA
+        [tuple(rec.get(f) for f in TRACE_FIELDS + OPTIONAL_FIELDS) for rec in records], TRACE_SCHEMA
     )
     assertDataFrameEqual(strict, expected)
 
