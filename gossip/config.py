@@ -66,6 +66,10 @@ class GossipConfig:
     reconnect_interval: float = 2.0
     reconnect_max_interval: float = 8.0
     reconnect_dead_for: float = 3 * 24 * 3600.0
+    # mDNS: re-announce ourselves this often (0: never), so a member that lost us
+    # (a healed split) finds us again by mDNS alone; members we already reach
+    # ignore the announcements.
+    mdns_reannounce_interval: float = 30.0
     # UDP payload bound: stays under a 1,500-byte Ethernet MTU with IP/UDP headers.
     udp_buffer_size: int = 1400
 
@@ -104,6 +108,7 @@ LOCAL = GossipConfig(
     rejoin_interval=0.5,
     reconnect_interval=0.2,
     reconnect_max_interval=0.8,
+    mdns_reannounce_interval=3.0,
 )
 
 PRESETS: dict[str, GossipConfig] = {"lan": LAN, "wan": WAN, "local": LOCAL}

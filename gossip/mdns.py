@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshd.gossip.mdns")
 
 SERVICE_TYPE = "_meshd._udp.local."
-REJOIN_AFTER = 30.0  # seconds before the same address is joined again
+REJOIN_AFTER = 30.0  # seconds before the same address is joined again (at most one re-announce interval)
 
 
 def instance_name(node_id: str) -> str:
@@ -89,9 +89,11 @@ class MdnsDiscovery:
 
         zc = await trio.to_thread.run_sync(self._start, host, port, on_change)
         try:
-            async with recv:
-                async for addr, gport, props in recv:
-                    self._found(addr, gport, props)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reannounce, zc)
+                async with recv:
+                    async for addr, gport, props in recv:
+                        self._found(addr, gport, props)
         finally:
             send.close()
             with trio.CancelScope(shield=True):
@@ -120,6 +122,32 @@ class MdnsDiscovery:
         self._info = info
         return zc
 
+    async def _reannounce(self, zc: Any) -> None:
+        """Announce again now and then with a new ``seq`` in the TXT record: browsers
+        see an update and look at us again, so once a split heals the other side
+        finds us by mDNS alone (no seed, no operator), even if it forgot us."""
+        interval = self.service.config.mdns_reannounce_interval
+        if interval <= 0:
+            return
+        seq = 0
+        while True:
+            await trio.sleep(interval * (0.75 + 0.5 * self.service._rng.random()))
+            seq += 1
+            await trio.to_thread.run_sync(self._update, zc, seq)
+
+    def _update(self, zc: Any, seq: int) -> None:
+        from zeroconf import ServiceInfo
+
+        svc = self.service
+        old = self._info
+        props = dict(txt_properties(svc.node_id, old.port, svc.cluster_name), seq=str(seq))
+        info = ServiceInfo(old.type, old.name, addresses=old.addresses, port=old.port, properties=props, server=old.server)
+        try:
+            zc.update_service(info)
+            self._info = info
+        except Exception as exc:  # zeroconf closing, an interface gone: try again later
+            log.debug("mDNS re-announce failed: %s", exc)
+
     def _stop(self, zc: Any) -> None:
         try:
             zc.unregister_service(self._info)
@@ -136,9 +164,12 @@ class MdnsDiscovery:
         if not node_id or node_id == svc.node_id or port <= 0:
             return
         self.discovered[node_id] = (addr, port)
+        if node_id in svc.alive_members():
+            return  # re-announcements of members we reach anyway cost nothing
         now = trio.current_time()
         last = self._joined_at.get((addr, port))
-        if last is not None and now - last < REJOIN_AFTER:
+        rejoin_after = min(REJOIN_AFTER, svc.config.mdns_reannounce_interval or REJOIN_AFTER)
+        if last is not None and now - last < rejoin_after:
             return
         self._joined_at[(addr, port)] = now
         log.info("mDNS found %s at %s:%s", node_id, addr, port)

@@ -5,11 +5,24 @@ Topology: one switch namespace ``<prefix>-sw`` holding the bridge(s), and one
 namespace per host ``<prefix>-h<i>`` with a veth ``eth0`` whose peer is plugged
 into a bridge of the switch namespace.  Nothing is created in the caller's own
 namespace, so test traffic (mDNS multicast included) never leaves the lab.
-``split`` moves a host's cable to another bridge and ``heal`` moves it back:
-that is how netsplit tests cut a cluster in two.
+``split`` moves hosts' cables to another bridge and ``heal`` moves them back:
+that is how netsplit tests cut a cluster in two (hosts on different bridges share
+no link at all; a heal plugs everyone back into ``br0``).
 
     with NetLab(hosts=3) as lab:
         proc = lab.popen(0, ["python", "-m", "gossip", ...])
+        lab.split([2])                          # 0,1 | 2
+        lab.in_host(0, some_function, args)     # runs in a thread inside h0's namespace
+        lab.heal()
+
+From the command line (the lab outlives the command; ``attach`` finds it again):
+
+    scripts/netlab.py create 5 --prefix lab1    # lab1-sw, lab1-h0 .. lab1-h4
+    ip netns exec lab1-h0 meshd ...             # start whatever you like
+    scripts/netlab.py split lab1 3 4            # h3, h4 onto br1: 0,1,2 | 3,4
+    scripts/netlab.py status lab1
+    scripts/netlab.py heal lab1
+    scripts/netlab.py cleanup lab1
 
 Needs CAP_NET_ADMIN (root); ``has_net_admin()`` tells tests whether to skip.
 Run ``scripts/netlab.py cleanup PREFIX`` to remove a lab left behind by a crash.
@@ -17,12 +30,18 @@ Run ``scripts/netlab.py cleanup PREFIX`` to remove a lab left behind by a crash.
 
 from __future__ import annotations
 
+import argparse
+import ctypes
 import ipaddress
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000
 
 # a private test range (RFC 1918), used only inside the lab's namespaces
 DEFAULT_SUBNET = "10.213.0.0/24"
@@ -139,6 +158,12 @@ class NetLab:
         kw.setdefault("text", True)
         return subprocess.run(["ip", "netns", "exec", self.hosts[host].ns, *argv], **kw)
 
+    def in_host(self, host: int, fn: Callable[..., T], *args: Any, timeout: float = 30.0) -> T:
+        """Run ``fn(*args)`` in a thread that has entered host ``host``'s network
+        namespace (sockets it opens live there): talk to a lab host's loopback-only
+        HTTP API from the test process without spawning anything."""
+        return in_netns(self.hosts[host].ns, fn, *args, timeout=timeout)
+
     def split(self, hosts: Sequence[int], bridge: str = "br1") -> None:
         """Move the given hosts' cables to another bridge: a partition."""
         if bridge not in self.bridges:
@@ -155,6 +180,67 @@ class NetLab:
                 _ip("link", "set", h.peer, "master", "br0", ns=self.switch)
                 h.bridge = "br0"
 
+    def sides(self) -> dict[str, list[int]]:
+        """Which hosts are plugged into which bridge now."""
+        out: dict[str, list[int]] = {}
+        for h in self.hosts:
+            out.setdefault(h.bridge, []).append(h.index)
+        return out
+
+    @classmethod
+    def attach(cls, prefix: str) -> "NetLab":
+        """Rebuild the handle of a lab created earlier (e.g. by ``netlab.py create``)
+        from what the kernel holds: its namespaces, addresses and bridges."""
+        names = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+        hosts = sorted(
+            (int(n[len(prefix) + 2:]) for n in names if n.startswith(prefix + "-h") and n[len(prefix) + 2:].isdigit())
+        )
+        if f"{prefix}-sw" not in names or not hosts:
+            raise LookupError(f"no lab named {prefix!r}")
+        lab = cls(len(hosts), prefix=prefix)
+        links = _ip("-o", "link", "show", ns=lab.switch).stdout
+        lab.bridges = sorted({w.split(":")[0] for w in links.split() if w.startswith("br") and w.endswith(":")})
+        masters: dict[str, str] = {}
+        for line in links.splitlines():
+            parts = line.split()
+            name = parts[1].rstrip(":").split("@")[0]
+            if "master" in parts:
+                masters[name] = parts[parts.index("master") + 1]
+        for i in hosts:
+            ns = f"{prefix}-h{i}"
+            addr = _ip("-o", "-4", "addr", "show", "dev", "eth0", ns=ns).stdout.split()[3].split("/")[0]
+            peer = f"h{i}p"
+            lab.hosts.append(Host(i, ns, addr, peer, masters.get(peer, "br0")))
+        return lab
+
+
+def in_netns(ns: str, fn: Callable[..., T], *args: Any, timeout: float = 30.0) -> T:
+    """Run ``fn(*args)`` on a helper thread inside network namespace ``ns``
+    (setns(2) moves only the calling thread; the rest of the process stays put)."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {ns} failed")
+            finally:
+                os.close(fd)
+            result["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller's thread
+            result["error"] = exc
+
+    t = threading.Thread(target=target, name=f"netns-{ns}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"call in {ns} did not finish in {timeout} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
 
 def cleanup(prefix: str) -> None:
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
@@ -163,8 +249,44 @@ def cleanup(prefix: str) -> None:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="netlab.py", description="Network lab: namespaces on a bridge; split and heal.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("create", help="create a lab of N hosts (it stays until cleanup)")
+    c.add_argument("hosts", type=int)
+    c.add_argument("--prefix", default=None)
+    c.add_argument("--subnet", default=DEFAULT_SUBNET)
+    s = sub.add_parser("split", help="move the given hosts onto another bridge")
+    s.add_argument("prefix")
+    s.add_argument("host", type=int, nargs="+")
+    s.add_argument("--bridge", default="br1")
+    h = sub.add_parser("heal", help="plug every host back into br0")
+    h.add_argument("prefix")
+    st = sub.add_parser("status", help="hosts, addresses and bridges")
+    st.add_argument("prefix")
+    cl = sub.add_parser("cleanup", help="remove every namespace of the lab")
+    cl.add_argument("prefix")
+    args = p.parse_args(argv)
+    if args.cmd == "create":
+        lab = NetLab(args.hosts, prefix=args.prefix, subnet=args.subnet).create()
+        print(lab.prefix)
+        return 0
+    if args.cmd == "cleanup":
+        cleanup(args.prefix)
+        return 0
+    try:
+        lab = NetLab.attach(args.prefix)
+    except LookupError as exc:
+        print(f"netlab.py: {exc}", file=sys.stderr)
+        return 1
+    if args.cmd == "split":
+        lab.split(args.host, args.bridge)
+    elif args.cmd == "heal":
+        lab.heal()
+    for h in lab.hosts:
+        print(f"h{h.index}  {h.ns:<16} {h.address:<15} {h.bridge}")
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "cleanup":
-        cleanup(sys.argv[2])
-    else:
-        print(__doc__)
+    sys.exit(main(sys.argv[1:]))
