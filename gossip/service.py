@@ -24,7 +24,7 @@ from .config import GossipConfig, preset as get_preset
 from .events import BroadcastReceived, MemberChanged
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
-from .swim import Addr, Swim
+from .swim import Addr, Swim, frame_body
 from .transport import NetTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
 
@@ -333,7 +333,7 @@ class GossipService:
             self.decrypt_failures += 1
             return None
 
-    async def _push_pull_client(self, addr: Addr, body: bytes) -> None:
+    async def _push_pull_client(self, addr: Addr, body: bytes | Callable[[], bytes]) -> None:
         assert self.swim is not None
         with trio.move_on_after(PUSH_PULL_TIMEOUT) as scope:
             try:
@@ -343,7 +343,7 @@ class GossipService:
                 return
             async with stream:
                 try:
-                    await stream.send_all(self._seal_frame(body))
+                    await stream.send_all(self._seal_frame(frame_body(body)))
                     reply = await read_frame(stream)
                 except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
                     self.push_pull_failures += 1

@@ -25,7 +25,7 @@ from typing import Any, Callable, TextIO
 from .config import GossipConfig, preset
 from .events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
 from .formulas import suspicion_bounds
-from .swim import Swim
+from .swim import Swim, frame_body
 from netsplit.detector import PartitionDetector, detector_for
 from netsplit.records import trace_fields
 from .trace import NullTraceWriter, TraceWriter
@@ -308,6 +308,7 @@ class Simulation:
                 if j is None or self._cut(i, j):
                     continue
                 # a TCP connect plus the request: one and a half round trips
+                body = frame_body(body)
                 self.stream_bytes += len(body)
                 self._push(now + 3 * self._latency(i, j), _PP_REQUEST, j, i, body)
         if sw._events:

@@ -147,7 +147,7 @@ class Swim:
         self._timers: list[tuple[float, int, int, Any]] = []
         self._timer_seq = 0
         self._out: list[tuple[Addr, bytes]] = []
-        self._pp_out: list[tuple[Addr, bytes]] = []
+        self._pp_out: list[tuple[Addr, bytes | Callable[[], bytes]]] = []
         self._events: list[Any] = []
         self._queue = TransmitLimitedQueue()
         self._encoder = wire.PacketEncoder(node_id)
@@ -182,9 +182,12 @@ class Swim:
             self._out = []
         return out
 
-    def streams_to_open(self) -> list[tuple[Addr, bytes]]:
+    def streams_to_open(self) -> list[tuple[Addr, bytes | Callable[[], bytes]]]:
         """Request frames (bodies, not yet length-prefixed) to send over a new stream;
-        the reply, if any, goes to ``receive_stream_reply``."""
+        the reply, if any, goes to ``receive_stream_reply``.  A body may be a
+        callable that builds it: reconnect attempts to lost members mostly fail to
+        connect, so their full-state frame is built only once the stream is open
+        (``frame_body`` resolves either)."""
         out = self._pp_out
         if out:
             self._pp_out = []
@@ -837,7 +840,7 @@ class Swim:
         _, delay = tries.get(node, (now, 0.0))
         delay = min(max(delay * 2, cfg.reconnect_interval), cfg.reconnect_max_interval)
         tries[node] = (now + delay * (0.5 + 0.5 * self.rng.random()), delay)
-        self._pp_out.append((lost[node], self._push_pull_frame(now, join=False)))
+        self._pp_out.append((lost[node], lambda: self._push_pull_frame(now, join=False)))
 
     def _decode_stream(self, body: bytes) -> dict | None:
         try:
@@ -893,6 +896,11 @@ class Swim:
 
     def _ts(self, now: float) -> int:
         return int(round((now + self.clock_offset) * 1_000_000))
+
+
+def frame_body(body: bytes | Callable[[], bytes]) -> bytes:
+    """A ``streams_to_open`` body, built now if it was deferred."""
+    return body() if callable(body) else body
 
 
 def _eid(origin: str, state: str, node: str, inc: int, ots: int) -> str:

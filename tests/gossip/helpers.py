@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from gossip import wire
 from gossip.config import GossipConfig
-from gossip.swim import Swim
+from gossip.swim import Swim, frame_body
 
 Addr = tuple[str, int]
 
@@ -69,7 +69,7 @@ class Cluster:
                     dst = addr[0]
                     if dst in self.down or dst not in self.nodes or self.drop(name, dst, ["stream"]) or self.drop(dst, name, ["stream"]):
                         continue
-                    reply = self.nodes[dst].handle_stream(body, self.now)
+                    reply = self.nodes[dst].handle_stream(frame_body(body), self.now)
                     if reply is not None:
                         sw.receive_stream_reply(reply, self.now)
                 self.events[name].extend(sw.events())
