@@ -41,8 +41,10 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall", type=_fraction, default=0.0, help="fraction of nodes whose event loop stalls 0.2-2 s now and then")
     p.add_argument("--broadcasts-per-s", type=float, default=0.0, help="user broadcasts per virtual second (random origins)")
     p.add_argument("--partition", help='two sides "A|B" as node index ranges, e.g. "0-49|50-99"')
-    p.add_argument("--partition-at", type=float, default=10.0)
-    p.add_argument("--heal-at", type=float, default=None)
+    p.add_argument("--partition-at", type=float, default=10.0, help="virtual time the cut happens")
+    p.add_argument("--heal-at", type=float, default=None,
+                   help="virtual time the link returns (every node runs the partition detector and traces "
+                        "partition_detected / partition_healed)")
     p.add_argument("--preset", default="lan", choices=["lan", "wan", "local"])
     p.add_argument("--no-lifeguard", action="store_true", help="classic SWIM, for comparison")
     p.add_argument("--join", action="store_true", help="start with every node joining through n0 instead of a converged view")
@@ -118,6 +120,21 @@ def _summary_line(s: dict[str, Any]) -> str:
         )
     if s.get("partition_dead"):
         parts.append(f"{s['partition_dead']} dead across the partition")
+    split = s.get("partition")
+    if split:
+        bound = split["suspicion_timeout_plus_3_s"]
+        for side in ("side_a", "side_b"):
+            v = split[side]
+            parts.append(
+                f"{side.replace('_', ' ')} ({v['nodes']} nodes) held the other dead at {v['marked_other_dead']}/{v['nodes']},"
+                f" p50 {v['other_dead_p50_s']} s, max {v['other_dead_max_s']} s after the cut"
+                f" (suspicion timeout + 3 s = {bound} s: {v['within_bound']} within)"
+            )
+        if "heal_p99_s" in split:
+            parts.append(
+                f"one view after the heal at {split['one_view_nodes']}/{split['live_nodes']} nodes,"
+                f" p50 {split['heal_p50_s']} s, p99 {split['heal_p99_s']} s, max {split['heal_max_s']} s"
+            )
     parts.append(f"false dead {s['false_dead']}, false suspicions {s['false_suspicions']}")
     return "; ".join(parts)
 
