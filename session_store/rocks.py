@@ -66,6 +66,31 @@ def _options() -> Options:
     return opts
 
 
+MIN_RANGE_RUN = 4  # shorter runs of deleted deliveries get point tombstones
+
+
+def _delete_runs(wb: WriteBatch, keys: list[bytes], handle: Any) -> None:
+    """Tombstones for deleted deliveries (`client_id \\0 seq`).  Acknowledgements come
+    in order, so a batch usually deletes a run of consecutive sequence numbers of one
+    session: that run becomes one range tombstone, which costs RocksDB half as much
+    as the point tombstones.  Exact: every key the range covers is in the run."""
+    keys.sort()
+    i, n = 0, len(keys)
+    while i < n:
+        start = keys[i]
+        prefix, seq = start[:-8], int.from_bytes(start[-8:], "big")
+        j = i + 1
+        while j < n and keys[j][:-8] == prefix and int.from_bytes(keys[j][-8:], "big") == seq + j - i:
+            j += 1
+        end = seq + j - i
+        if j - i >= MIN_RANGE_RUN and len(start) > 8 and end < 1 << 64:
+            wb.delete_range(start, prefix + end.to_bytes(8, "big"), handle)
+        else:
+            for key in keys[i:j]:
+                wb.delete(key, handle)
+        i = j
+
+
 class RocksStore(SessionStore):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
@@ -92,11 +117,17 @@ class RocksStore(SessionStore):
         for cf, prefix in batch.prefix_deletes:
             # Keys with this prefix sort in [prefix, prefix[:-1] + 0x01): the prefix ends in \0.
             wb.delete_range(prefix, prefix[:-1] + b"\x01", handles[cf])
-        for cf, key, value in batch.items():
-            if value is None:
-                wb.delete(key, handles[cf])
+        queue_deletes: list[bytes] = []
+        for (cf, key), op in batch.ops.items():
+            if op is not None:
+                encoder, args = op
+                wb.put(key, encoder(*args), handles[cf])
+            elif cf == "queue":
+                queue_deletes.append(key)
             else:
-                wb.put(key, value, handles[cf])
+                wb.delete(key, handles[cf])
+        if queue_deletes:
+            _delete_runs(wb, queue_deletes, handles["queue"])
         self._db.write(wb, self._nosync)
         if sync:
             self._sync_wal()

@@ -54,10 +54,6 @@ def session_prefix(client_id: str) -> bytes:
     return client_id.encode("utf-8") + SEP
 
 
-def delivery_key(client_id: str, seq: int) -> bytes:
-    return session_prefix(client_id) + _pack_u64(seq)
-
-
 def split_key(key: bytes) -> tuple[str, bytes]:
     cid, _, suffix = key.partition(SEP)
     return cid.decode("utf-8"), suffix
@@ -110,10 +106,20 @@ class PendingBatch:
             self.fresh.add(k)
         self.ops[k] = (encoder, args)
 
+    def put_fresh(self, k: tuple[str, bytes], op: tuple[Callable[..., bytes], tuple]) -> None:
+        """`put(..., fresh=True)` for the per-message hot path: key and op prebuilt."""
+        ops = self.ops
+        if k not in ops:
+            self.fresh.add(k)
+        ops[k] = op
+
     def delete(self, cf: str, key: bytes) -> None:
-        k = (cf, key)
-        if k in self.fresh:
-            self.fresh.discard(k)
+        self.delete_key((cf, key))
+
+    def delete_key(self, k: tuple[str, bytes]) -> None:
+        fresh = self.fresh
+        if k in fresh:
+            fresh.remove(k)
             del self.ops[k]
         else:
             self.ops[k] = None
@@ -175,10 +181,9 @@ class SessionStore(ABC):
         self._batch.delete_prefix(cf, prefix)
 
     def _changed(self) -> None:
-        first = self.write_epoch == self.durable_epoch
-        self.write_epoch += 1
-        if first:
+        if self.write_epoch == self.durable_epoch:
             self.on_dirty()
+        self.write_epoch += 1
 
     def has_pending(self) -> bool:
         return self.write_epoch > self.durable_epoch
@@ -210,26 +215,34 @@ class SessionStore(ABC):
         self._delete("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"))
         self._changed()
 
+    # The delivery calls run for every message to a persistent session: they build the
+    # key and the deferred encoding in place instead of going through `_put`/`_delete`.
+
     def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
         """Keyed by the delivery's sequence number (unique, never reused), so a
         delivery sent and acknowledged within one commit window never reaches the disk.
         Replaces the delivery's queued record, if it had one."""
         # Only a first send can be a key new to the disk; PUBREL-sent rewrites a record
         # that may be committed already.
-        self._put("queue", delivery_key(client_id, delivery.seq), records.encode_delivery_record,
-                  delivery, records.STATE_CODES[state], packet_id, fresh=state == "publish")
+        k = ("queue", session_prefix(client_id) + _pack_u64(delivery.seq))
+        op = (records.encode_delivery_record, (delivery, records.STATE_CODES[state], packet_id))
+        if state == "publish":
+            self._batch.put_fresh(k, op)
+        else:
+            self._batch.ops[k] = op
         self._changed()
 
     def delete_inflight(self, client_id: str, seq: int) -> None:
-        self._delete("queue", delivery_key(client_id, seq))
+        self._batch.delete_key(("queue", session_prefix(client_id) + _pack_u64(seq)))
         self._changed()
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._put("queue", delivery_key(client_id, delivery.seq), records.encode_delivery_record, delivery, fresh=True)
+        self._batch.put_fresh(("queue", session_prefix(client_id) + _pack_u64(delivery.seq)),
+                              (records.encode_delivery_record, (delivery,)))
         self._changed()
 
     def delete_queued(self, client_id: str, seq: int) -> None:
-        self._delete("queue", delivery_key(client_id, seq))
+        self._batch.delete_key(("queue", session_prefix(client_id) + _pack_u64(seq)))
         self._changed()
 
     def put_qos2_in(self, client_id: str, packet_id: int) -> None:

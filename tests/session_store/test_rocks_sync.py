@@ -91,3 +91,60 @@ def test_a_deleted_wal_is_let_go(store, synced):
     commit(store)
     assert synced[-1] == new
     assert list(store._wal_fds) == [int(new[:-4])]
+
+
+class RecordingBatch:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def delete(self, key: bytes, handle: object) -> None:
+        self.calls.append(("delete", key))
+
+    def delete_range(self, begin: bytes, end: bytes, handle: object) -> None:
+        self.calls.append(("range", begin, end))
+
+
+def k(cid: str, seq: int) -> bytes:
+    return cid.encode() + b"\x00" + seq.to_bytes(8, "big")
+
+
+def test_consecutive_deletes_become_one_range_tombstone():
+    from session_store.rocks import _delete_runs
+
+    wb = RecordingBatch()
+    keys = [k("a", s) for s in (7, 3, 4, 5, 6, 9, 20, 21)] + [k("ab", s) for s in (8, 9, 10, 11)] + [k("b", 2**64 - 1)]
+    _delete_runs(wb, keys, None)
+    assert wb.calls == [
+        ("range", k("a", 3), k("a", 8)),  # 3..7, whatever order they were deleted in
+        ("delete", k("a", 9)),  # runs shorter than MIN_RANGE_RUN stay point tombstones
+        ("delete", k("a", 20)), ("delete", k("a", 21)),
+        ("range", k("ab", 8), k("ab", 12)),  # another session: its own run
+        ("delete", k("b", 2**64 - 1)),
+    ]
+
+
+def test_range_tombstones_delete_exactly_the_acknowledged(store):
+    from session_store.model import Delivery, Message
+    from mesh.mqtt import Properties
+
+    def d(seq: int) -> Delivery:
+        x = Delivery(Message(f"t/{seq}", b"p", 1, False, Properties()), 1, False, ())
+        x.seq = seq
+        return x
+
+    for cid in ("a", "ab"):
+        store.put_session(cid, 60, 5, None, 1)
+        for seq in range(1, 31):
+            store.put_queued(cid, d(seq))
+    commit(store)
+    for seq in [*range(1, 11), 20, 22, 30]:
+        store.delete_queued("a", seq)
+    for seq in range(12, 20):  # sent and acknowledged: a run too
+        store.delete_queued("a", seq)
+        store.put_inflight("a", seq, d(seq), "publish")
+        store.delete_inflight("a", seq)
+    store.delete_queued("ab", 5)
+    commit(store)
+    queues = {cid: [x.seq for x in s.queue] for cid, s in store.load().sessions.items()}
+    assert queues == {"a": [11, 21, 23, 24, 25, 26, 27, 28, 29],
+                      "ab": [s for s in range(1, 31) if s != 5]}
