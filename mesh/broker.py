@@ -740,6 +740,34 @@ class Broker:
         for d in add:
             self.store.put_queued(session.client_id, d)
 
+    def merge_session(self, stored: StoredSession, now: float) -> int:
+        """Another node's copy of a session this node owns (a takeover that fell back,
+        a netsplit): subscriptions it lacks are added, its inflight and queued messages
+        join the queue unless already here (same origin and message id).  Returns how
+        many messages were added."""
+        session = self.sessions.get(stored.client_id)
+        if session is None:
+            self.install_session(stored, now)
+            return len(stored.inflight) + len(stored.queue)
+        for topic_filter, options in stored.subscriptions.items():
+            if topic_filter not in session.subscriptions:
+                session.subscriptions[topic_filter] = options
+                self._index_subscription(session.client_id, *parse_shared_subscription(topic_filter))
+                if session.stored:
+                    self.store.put_subscription(session.client_id, topic_filter, options)
+        known = {(e.delivery.message.origin, e.delivery.message.msg_id) for e in session.inflight.values()}
+        known.update((d.message.origin, d.message.msg_id) for d in (session.queue if session.queued else ()))
+        added = 0
+        for d in [d for _, d, _ in stored.inflight] + stored.queue:
+            key = (d.message.origin, d.message.msg_id)
+            if key in known or d.message.expired(now):
+                continue
+            known.add(key)
+            copy = Delivery(d.message, d.qos, d.retain, d.subscription_ids)
+            self.deliver(session, copy, now)
+            added += 1
+        return added
+
     def discard_session(self, client_id: str, now: float) -> None:
         """Forget a session without its will (handed to another node, or a handoff undone)."""
         session = self.sessions.get(client_id)

@@ -22,7 +22,7 @@ import trio
 
 from session_store.handoff import (
     Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Takeover,
-    image_of, merge_stale, merge_tail, queue_chunk,
+    delivery_from_wire, image_of, merge_stale, merge_tail, queue_chunk, stored_from_image,
 )
 from mesh.hlc import HlcTimestamp
 from session_store.ownership import Claim, OwnershipRegister
@@ -42,7 +42,8 @@ FENCE_TIMEOUT = 2.0
 GIVE_TIMEOUT = 15.0  # a giver that hears nothing more keeps serving its copy
 MOVED_MEMORY = 60.0  # how long a giver remembers where a session went
 MAX_REDIRECTS = 3
-HOUSEKEEPING_INTERVAL = 5.0
+HOUSEKEEPING_INTERVAL = 2.0
+PUSH_GRACE_MS = 2000  # a copy held for another owner waits this long for a takeover first
 
 
 def _wall_ms() -> int:
@@ -68,6 +69,8 @@ class HandoffStats:
     failed: int = 0  # takeovers that fell back to a local copy (owner unreachable, errors)
     superseded: int = 0  # CONNECTs closed with 0x8E because a newer one won elsewhere
     kicked: int = 0  # local connections closed because a newer CONNECT claimed the id
+    merged_out: int = 0  # copies pushed to their owner and merged there (conflicts resolved)
+    merged_in: int = 0  # copies from other nodes merged into sessions owned here
     durations_ms: list[float] = field(default_factory=list)  # the last takeovers, for /metrics
 
 
@@ -84,16 +87,23 @@ class Handoffs:
         self.taking: dict[str, _Taking] = {}
         self.moved: dict[str, tuple[str, float]] = {}
         self._locks: dict[str, trio.Lock] = {}
+        self._pushing: set[str] = set()
+        self._incoming: dict[tuple[str, str], tuple[Any, list]] = {}
+        self._nursery: trio.Nursery | None = None
         self.stats = HandoffStats()
         self.malformed = 0
         gossip.on_broadcast("own", self._on_claim_broadcast)
         gossip.register_push_pull("owners", self._owners_state, self._merge_owners)
 
     async def run(self) -> None:
-        """Housekeeping: givers that timed out, old tombstones, old `moved` notes."""
-        while True:
-            await trio.sleep(HOUSEKEEPING_INTERVAL)
-            self.housekeeping(time.time())
+        """Housekeeping: givers that timed out, old tombstones, old `moved` notes, and
+        copies of sessions another node owns, pushed there to be merged."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                await trio.sleep(HOUSEKEEPING_INTERVAL)
+                self.housekeeping(time.time())
+                self._push_foreign_copies()
 
     def housekeeping(self, now: float) -> None:
         for cid, giving in list(self.giving.items()):
@@ -243,6 +253,9 @@ class Handoffs:
                 await self.cluster.wait_durable()
                 await self._fence(machine.owner)
                 step = machine.installed()
+                # The owner takes this node's routes before it lets go, so what is
+                # published there after it deleted its copy is forwarded here.
+                step.fields["snap"] = self.cluster.own_route_snapshot()
             elif isinstance(step, MergeTail):
                 session = taking.session
                 add, drop = merge_tail(session.queue if session.queued else (),
@@ -311,6 +324,8 @@ class Handoffs:
         now = time.time()
         if kind == "ho_begin":
             return "ho_state", self._answer_begin(peer, cid, Claim(cid, peer, _stamp(frame["h"])), now)
+        if kind == "ho_push":
+            return self._answer_push(peer, cid, frame)
         giving = self.giving.get(cid)
         session = self.broker.sessions.get(cid)
         if giving is None or giving.taker != peer or session is None or cid in self.broker.connections:
@@ -320,6 +335,8 @@ class Handoffs:
             q, cur, more = queue_chunk(session.queue if session.queued else (), cursor)
             return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
         if kind == "ho_commit":
+            if "snap" in frame:
+                self.cluster.take_route_snapshot(frame["snap"])
             if giving.commit_seq is None:
                 giving.commit_seq = session.next_seq - 1
             q, cur, more = queue_chunk(session.queue if session.queued else (), cursor, giving.commit_seq)
@@ -345,6 +362,9 @@ class Handoffs:
                 return {"ok": False, "moved": moved[0]}
             return {"ok": False, "why": "none"}
         previous = self.giving.get(cid)
+        if previous is not None and previous.taker != peer and previous.commit_seq is not None:
+            # Committed: the session is the other taker's now; ask there.
+            return {"ok": False, "moved": previous.taker}
         if previous is not None and previous.taker != peer:
             log.info("handoff of %s to %s superseded by a newer one to %s", cid, previous.taker, peer)
         self.broker.detach_for_handoff(cid, now)
@@ -359,6 +379,80 @@ class Handoffs:
         self.cluster.take_route_snapshot(frame["snap"])
         await self.cluster.drain_link(owner, FENCE_TIMEOUT)
         return "ho_fenced", {"ok": True}
+
+    # ------------------------------------------------------------ conflicts
+
+    def _push_foreign_copies(self) -> None:
+        """A session held here that a newer CONNECT claimed for another live node, and
+        that no takeover came for (it fell back, or a netsplit kept the nodes apart):
+        push it there to be merged, then forget it here."""
+        if self._nursery is None:
+            return
+        alive = set(self.gossip.alive_members())
+        now_ms = _wall_ms()
+        for cid, session in list(self.broker.sessions.items()):
+            claim = self.register.get(cid)
+            if (claim is None or claim.owner in (None, self.node_id) or claim.owner not in alive or claim.clean
+                    or not session.persistent or cid in self.broker.connections or cid in self.giving
+                    or cid in self._pushing or now_ms - claim.stamp.wall_ms < PUSH_GRACE_MS):
+                continue
+            self._pushing.add(cid)
+            self._nursery.start_soon(self._push, cid, claim.owner)
+
+    async def _push(self, cid: str, owner: str) -> None:
+        started = trio.current_time()
+        try:
+            cursor, first, sent = 0, True, 0
+            while True:
+                session = self.broker.sessions.get(cid)
+                if session is None or cid in self.broker.connections or cid in self.giving:
+                    return
+                queue = session.queue if session.queued else ()
+                q, cursor, more = queue_chunk(queue, cursor)
+                if not first and not q:
+                    break  # nothing arrived since the last chunk: the copy is all there
+                fields: dict[str, Any] = {"c": cid, "q": q, "more": more}
+                if first:
+                    fields["img"] = image_of(session)
+                    sent += len(session.inflight)
+                reply = await self.cluster.ask(owner, "ho_push", fields, STEP_TIMEOUT)
+                if not reply.get("ok"):
+                    log.info("%s would not merge session %s: %s", owner, cid, reply.get("why"))
+                    return
+                first = False
+                sent += len(q)
+            self.broker.discard_session(cid, time.time())
+            self.stats.merged_out += 1
+            duration_ms = (trio.current_time() - started) * 1000
+            log.warning("session %s: the copy held here was merged into %s's (%d messages)", cid, owner, sent)
+            self.trace.emit(ts_us=int(time.time() * 1_000_000), kind="session_handoff", subject=cid,
+                            origin=self.node_id, to=owner, outcome="merged", duration_ms=round(duration_ms, 3), messages=sent)
+        except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+            log.info("pushing session %s to %s failed (%s); will retry", cid, owner, exc)
+        finally:
+            self._pushing.discard(cid)
+
+    async def _answer_push(self, peer: str, cid: str, frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        key = (peer, cid)
+        if self.register.owner(cid) != self.node_id:
+            self._incoming.pop(key, None)
+            return "ho_state", {"ok": False, "why": "not the owner"}
+        img, queue = self._incoming.pop(key, (frame.get("img"), []))
+        if img is None:
+            img = {"x": 0, "l": 5, "n": 1, "s": [], "i": [], "q2": []}  # a late chunk: queue only
+        entries = frame.get("q", [])
+        if not isinstance(entries, list):
+            raise HandoffError("queue chunk is not a list")
+        queue.extend(delivery_from_wire(item) for item in entries)
+        if frame.get("more"):
+            self._incoming[key] = (img, queue)
+            return "ho_state", {"ok": True}
+        stored = stored_from_image(cid, img, queue)
+        added = self.broker.merge_session(stored, time.time())
+        await self.cluster.wait_durable()
+        self.stats.merged_in += 1
+        log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)
+        return "ho_state", {"ok": True}
 
     # ------------------------------------------------------------ inspection
 

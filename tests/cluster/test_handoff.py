@@ -64,6 +64,7 @@ class SteadyPublisher(threading.Thread):
     def stop(self) -> int:
         self.stopping.set()
         self.join(10)
+        self.client.disconnect()
         return self.sent
 
 
@@ -107,6 +108,136 @@ def test_reconnects_across_nodes_while_publishing_lose_nothing(cluster3):
     for q in (1, 2):
         check_stream([m for m in got if m.topic == f"steady/q{q}"], q, sent[q])
     assert min(sent.values()) > 100
+
+
+
+def test_owner_killed_during_reconnect_then_its_copy_is_merged_when_it_returns(cluster3):
+    a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
+    sub = persistent("survivor")
+    sub.connect(a.port, expiry=3600)
+    sub.subscribe("kill/#", 1)
+    wait_route(cluster3.values(), "kill/#", {"A"})
+    sub.disconnect()
+    pub = Client("pub-kill", version=5)
+    pub.connect(c.port)
+    for i in range(20):
+        pub.publish(f"kill/{i}", f"old:{i}".encode(), qos=1)  # acknowledged: on A's disk
+    a.kill()
+    started = time.monotonic()
+    flags, _, _ = sub.connect(b.port, expiry=3600)
+    waited = time.monotonic() - started
+    assert waited < 8, f"CONNACK took {waited:.1f} s"
+    assert not flags.session_present  # documented: the owner is gone, no copy here
+    sub.subscribe("kill/#", 1)
+    wait_route([b, c], "kill/#", {"B"})
+    pub.publish("kill/new", b"new", qos=1)
+    assert sub.expect(1)[0].payload == b"new"
+    # A comes back on its data dir: its copy is merged into B's session, nothing is lost.
+    a.start()
+    got = sub.expect(20, timeout=30)
+    assert sorted(m.payload for m in got) == sorted(f"old:{i}".encode() for i in range(20))
+    assert [m.payload for m in got] == [f"old:{i}".encode() for i in range(20)]  # in order
+    wait_for(lambda: request_json(a.http_addr, "GET", "/api/v1/status")[1]["sessions"] == 0, what="A forgot its copy")
+
+
+
+def no_auto_reconnect(client: Client) -> Client:
+    client.c.reconnect_delay_set(min_delay=300, max_delay=300)  # a kicked client stays kicked
+    return client
+
+
+def test_concurrent_connects_on_two_nodes_leave_exactly_one(cluster3):
+    a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
+    first = persistent("twin")
+    first.connect(a.port, expiry=3600)
+    first.subscribe("twin/#", 1)
+    wait_route(cluster3.values(), "twin/#", {"A"})
+    first.disconnect()
+    twins = {name: no_auto_reconnect(persistent("twin")) for name in "BC"}
+    results: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, twins[n].connect(cluster3[n].port, expiry=3600)))
+               for n in "BC"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert set(results) == {"B", "C"}
+
+    # paho keeps saying "connected" after a server DISCONNECT: count the DISCONNECTs.
+    kicked: dict[str, int] = {}
+    deadline = time.monotonic() + 10
+    while not kicked and time.monotonic() < deadline:
+        for n, t in twins.items():
+            if not t.disconnects.empty():
+                kicked[n] = t.disconnects.get()[0].value
+        time.sleep(0.05)
+    time.sleep(1.0)
+    for n, t in twins.items():
+        if not t.disconnects.empty():
+            kicked[n] = t.disconnects.get()[0].value
+    assert len(kicked) == 1, kicked
+    loser, rc = kicked.popitem()
+    assert rc == 0x8E  # session taken over
+    winner = "B" if loser == "C" else "C"
+    # One session, on the winner; the routes say so everywhere.
+    wait_route(cluster3.values(), "twin/#", {winner})
+    for name, node in cluster3.items():
+        sessions = request_json(node.http_addr, "GET", "/api/v1/status")[1]["sessions"]
+        assert sessions == (1 if name == winner else 0), (name, sessions)
+    pub = Client("twin-pub", version=5)
+    pub.connect(a.port)
+    pub.publish("twin/x", b"one", qos=1)
+    assert twins[winner].expect(1)[0].payload == b"one"
+    twins[winner].expect_none(0.5)
+
+
+def test_clean_connect_elsewhere_kicks_the_old_connection(cluster3):
+    a, b = cluster3["A"], cluster3["B"]
+    old = no_auto_reconnect(persistent("kickme"))
+    old.connect(a.port, expiry=3600)
+    old.subscribe("kick/#", 1)
+    wait_route(cluster3.values(), "kick/#", {"A"})
+    new = Client("kickme", version=5)  # clean start: the old session is void
+    flags, _, _ = new.connect(b.port)
+    assert not flags.session_present
+    rc, _ = old.disconnects.get(timeout=10)
+    assert rc.value == 0x8E
+    for n in cluster3.values():
+        wait_for(lambda n=n: "kick/#" not in routes(n), what=f"{n.node_id}: the old session's route is gone")
+    wait_for(lambda: request_json(a.http_addr, "GET", "/api/v1/status")[1]["sessions"] == 0, what="A dropped the session")
+
+
+
+def test_flapping_client_leaks_nothing(cluster3):
+    nodes = cluster3
+    sub = persistent("flapper")
+    sub.connect(nodes["A"].port, expiry=3600)
+    sub.subscribe("steady/#", 1)
+    wait_route(nodes.values(), "steady/#", {"A"})
+    pub = SteadyPublisher(nodes["C"].port, "flap-pub", 1, rate=100)
+    pub.start()
+    order = "BCA" * 34
+    for i, hop in enumerate(order[:100]):
+        sub.disconnect()
+        flags, _, _ = sub.connect(nodes[hop].port, expiry=3600)
+        if not flags.session_present:
+            dump(nodes)
+        assert flags.session_present, f"no session on {hop} (hop {i})"
+    last = order[99]
+    sent = pub.stop()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and len({m.payload for m in list(sub.messages.queue)}) < sent:
+        time.sleep(0.2)
+    check_stream(list(sub.messages.queue), 1, sent)
+    wait_route(nodes.values(), "steady/#", {last})
+    for name, node in nodes.items():
+        want = 1 if name == last else 0
+        try:
+            wait_for(lambda node=node: request_json(node.http_addr, "GET", "/api/v1/status")[1]["sessions"] == want,
+                     timeout=10, what=f"{name} holds {want} sessions")
+        except AssertionError:
+            dump(nodes)
+            raise
 
 
 def dump(nodes) -> None:
