@@ -225,7 +225,7 @@ def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
     ]
     side_rows = [
         [side, v["count"], fmt_s(v["detection_s_p50"]), fmt_s(v["detection_s_p99"]), fmt_s(v["detection_s_max"]),
-         v["within_bound"] or "n/a", v["healed"], fmt_s(v["heal_s_p50"]), fmt_s(v["heal_s_p99"]), fmt_s(v["heal_s_max"])]
+         fmt_s(v["suspect_to_dead_s_p50"]), fmt_s(v["suspect_to_dead_s_max"]), v["within_bound"] or "n/a", v["healed"], fmt_s(v["heal_s_p50"]), fmt_s(v["heal_s_p99"]), fmt_s(v["heal_s_max"])]
         for side, v in summary["partitions"].get("by_side", {}).items()
     ]
     lag_rows = [
@@ -255,10 +255,12 @@ alive at that moment had observed the event (nearest rank).</p>
 {_table(["member", "declared dead by", "ts_us"], fp_rows, "no member was declared dead while alive")}
 <h2>Partitions</h2>
 <p>Detection runs from the onset (the first member of the group stopped answering) to
-the conclusion that the group is lost; the target is the suspicion timeout + 3 s.
-Heal runs from the first contact with the other side to one view.</p>
+the conclusion that the group is lost. Suspect to dead is, for the slowest member of
+the other side, the time from this node's first suspicion of it to marking it dead;
+the target is the suspicion timeout + 3 s. Heal runs from the first contact with the
+other side to one view.</p>
 {_table(["side", "detections", "detection p50", "detection p99", "detection max",
-         "within suspicion timeout + 3 s", "healed", "heal p50", "heal p99", "heal max"], side_rows,
+         "suspect to dead p50", "suspect to dead max", "within suspicion timeout + 3 s", "healed", "heal p50", "heal p99", "heal max"], side_rows,
         "no partition detected")}
 {_table(["node", "partition", "other side", "side", "detected_ts_us", "healed_ts_us", "detection", "heal"], part_rows,
         "no partition detected")}

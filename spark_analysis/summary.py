@@ -135,6 +135,8 @@ def _partition_aggs(method: Method) -> list:
         pct("detection_s", 0.5, method).alias("detection_s_p50"),
         pct("detection_s", 0.99, method).alias("detection_s_p99"),
         F.max("detection_s").alias("detection_s_max"),
+        pct("suspect_to_dead_s", 0.5, method).alias("suspect_to_dead_s_p50"),
+        F.max("suspect_to_dead_s").alias("suspect_to_dead_s_max"),
         F.sum(F.col("within_bound").cast("int")).alias("within_bound"),
         F.count("within_bound").alias("bound_known"),
         pct("heal_s", 0.5, method).alias("heal_s_p50"),
@@ -145,7 +147,8 @@ def _partition_aggs(method: Method) -> list:
 
 def _partition_shape(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: json_number(row.get(k)) for k in (
-        "detection_s_p50", "detection_s_p99", "detection_s_max", "heal_s_p50", "heal_s_p99", "heal_s_max",
+        "detection_s_p50", "detection_s_p99", "detection_s_max", "suspect_to_dead_s_p50", "suspect_to_dead_s_max",
+        "heal_s_p50", "heal_s_p99", "heal_s_max",
     )}
     out.update(count=int(row.get("count") or 0), healed=int(row.get("healed") or 0))
     known = int(row.get("bound_known") or 0)
@@ -172,6 +175,7 @@ def partition_summary(episodes: DataFrame, method: Method) -> dict[str, Any]:
             "detected_ts_us": r["detected_ts_us"],
             "healed_ts_us": r["healed_ts_us"],
             "detection_s": json_number(r["detection_s"]),
+            "suspect_to_dead_s": json_number(r["suspect_to_dead_s"]),
             "heal_s": json_number(r["heal_s"]),
             "split_s": json_number(r["split_s"]),
             "within_bound": r["within_bound"],

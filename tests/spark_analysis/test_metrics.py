@@ -100,14 +100,15 @@ def test_false_positive_is_the_declaration_of_a_live_member(spark, frames):
 
 EPISODE = (
     "node string, subject string, peers string, majority boolean, detected_ts_us long, healed_ts_us long, "
-    "detection_s double, heal_s double, split_s double, within_bound boolean"
+    "detection_s double, suspect_to_dead_s double, heal_s double, split_s double, within_bound boolean"
 )
 
 
 def test_partition_episode(spark, frames):
     # an older writer: no took_us, so detection and heal come from the traces
     episodes = partitions.partition_episodes(frames["traces"])
-    expected = spark.createDataFrame([("a", "c", "c", None, 60 * S, 70 * S, 2.0, 10.0, 10.0, None)], EPISODE)
+    # (a's death of c at 50.5 came before its suspicion at 58: no suspect-to-dead)
+    expected = spark.createDataFrame([("a", "c", "c", None, 60 * S, 70 * S, 2.0, None, 10.0, 10.0, None)], EPISODE)
     assertDataFrameEqual(episodes, expected)
 
 
@@ -116,7 +117,11 @@ def test_partition_episodes_from_detector_records(spark, tmp_path):
         return trace_record(ts_us=round(t * S), node=node, kind=kind, subject=pid, **extra)
 
     recs = [
-        # x (majority) lost y: 4.5 s after onset, timeout 4 s -> within 7 s
+        # x suspected y at 6 and held it dead at 9.5 (3.5 s: within 4 + 3); y took 9 s
+        rec("x", "member_suspect", 6, "y"), rec("x", "member_dead", 9.5, "y"),
+        rec("y", "member_suspect", 4, "x"), rec("y", "member_dead", 13, "x"),
+        rec("x", "member_suspect", 56, "y"), rec("x", "member_dead", 59, "y"),
+        # x (majority) lost y: 4.5 s after onset
         rec("x", "partition_detected", 10, "x/1", peers="y", majority=True, took_us=4_500_000, suspicion_us=4 * S),
         # y (minority) lost x: 9 s, beyond 4 + 3
         rec("y", "partition_detected", 14, "y/1", peers="x", majority=False, took_us=9 * S, suspicion_us=4 * S),
@@ -129,9 +134,9 @@ def test_partition_episodes_from_detector_records(spark, tmp_path):
     episodes = partitions.partition_episodes(traces)
     expected = spark.createDataFrame(
         [
-            ("x", "x/1", "y", True, 10 * S, 40 * S, 4.5, 0.5, 30.0, True),
-            ("y", "y/1", "x", False, 14 * S, 40_200_000, 9.0, 0.7, 26.2, False),
-            ("x", "x/2", "y", True, 60 * S, None, 5.0, None, None, True),
+            ("x", "x/1", "y", True, 10 * S, 40 * S, 4.5, 3.5, 0.5, 30.0, True),
+            ("y", "y/1", "x", False, 14 * S, 40_200_000, 9.0, 9.0, 0.7, 26.2, False),
+            ("x", "x/2", "y", True, 60 * S, None, 5.0, 3.0, None, None, True),
         ],
         EPISODE,
     )
@@ -140,6 +145,7 @@ def test_partition_episodes_from_detector_records(spark, tmp_path):
     assert (s["count"], s["healed"], s["within_bound"]) == (3, 2, "2/3")
     assert s["by_side"]["majority"]["detection_s_max"] == 5.0 and s["by_side"]["minority"]["within_bound"] == "0/1"
     assert s["heal_s_max"] == 0.7 and s["list"][0]["peers"] == "y"
+    assert s["by_side"]["minority"]["suspect_to_dead_s_max"] == 9.0
 
 
 def test_per_node_lag(spark, frames):
