@@ -128,7 +128,8 @@ def _summary_line(s: dict[str, Any]) -> str:
             parts.append(
                 f"{side.replace('_', ' ')} ({v['nodes']} nodes) held the other dead at {v['marked_other_dead']}/{v['nodes']},"
                 f" p50 {v['other_dead_p50_s']} s, max {v['other_dead_max_s']} s after the cut"
-                f" (suspicion timeout + 3 s = {bound} s: {v['within_bound']} within)"
+                f" (suspicion timeout + 3 s = {bound} s: {v['within_bound']} within);"
+                f" suspect to dead p50 {v['suspect_to_dead_p50_s']} s, max {v['suspect_to_dead_max_s']} s"
             )
         if "heal_p99_s" in split:
             parts.append(

@@ -208,6 +208,8 @@ class Simulation:
         self.far_all_dead_at: dict[int, float] = {}
         self.one_view_at: dict[int, float] = {}
         self.partition_events: list[tuple[int, Any]] = []
+        self._far_suspect: dict[tuple[int, int], float] = {}
+        self._suspect_to_dead: tuple[list[float], list[float]] = ([], [])
         # stats
         self.dead_seen: dict[str, dict[str, float]] = {}
         self.false_dead = 0
@@ -378,7 +380,12 @@ class Simulation:
                 if self._not_alive[i] == 0 and self.p.heal_at is not None and now >= self.p.heal_at:
                     self.one_view_at[i] = now
             if self.side[i] is not None and self.side[j] is not None and self.side[i] != self.side[j]:
+                if state == SUSPECT and prev in (None, "alive"):
+                    self._far_suspect[(i, j)] = now
                 if state == DEAD and prev != DEAD:
+                    t0 = self._far_suspect.pop((i, j), None)
+                    if t0 is not None:
+                        self._suspect_to_dead[self.side[i]].append(now - t0)
                     self._far_dead[i] += 1
                     far = len(self.p.partition[1 - self.side[i]])
                     if self._far_dead[i] == far and now >= self.p.partition_at:
@@ -637,6 +644,10 @@ class Simulation:
                 "other_dead_p50_s": _pct(times, 50),
                 "other_dead_max_s": round(max(times), 3) if times else None,
                 "within_bound": sum(1 for x in times if x <= bound),
+                # per (observer, member of the other side): suspect to dead, the
+                # suspicion timeout as lived (without the time to first suspect)
+                "suspect_to_dead_p50_s": _pct(self._suspect_to_dead[side], 50),
+                "suspect_to_dead_max_s": round(max(self._suspect_to_dead[side]), 3) if self._suspect_to_dead[side] else None,
                 "detector_detection_p50_s": _pct(det, 50),
             }
         if p.heal_at is not None:
