@@ -148,12 +148,12 @@ class Broker:
             deadline = session.expires_at()
             if deadline is not None and deadline <= now:
                 # Expired but its timer has not run yet (e.g. just after a restart).
-                self._end_session(session, now, publish_pending_will=True)
+                self._end_session(session, now, released=False, publish_pending_will=True)
                 session = None
         if session is not None and not connect.clean_start:
             present = True
         elif session is not None:
-            self._end_session(session, now, publish_pending_will=False)
+            self._end_session(session, now, released=False, publish_pending_will=False)
             session = None
         if session is None:
             session = Session(client_id=client_id, persistent=expiry > 0)
@@ -206,7 +206,9 @@ class Broker:
         elif session.expiry_interval != NEVER_EXPIRES:
             self._add_timer(now + session.expiry_interval, "expire", session.client_id, 0)
 
-    def _end_session(self, session: Session, now: float, *, publish_pending_will: bool) -> None:
+    def _end_session(self, session: Session, now: float, *, publish_pending_will: bool, released: bool = True) -> None:
+        """Forget a session; `released=False` when a new one for the same client id
+        replaces it at once (the client id stays claimed by this node)."""
         for topic_filter in list(session.subscriptions):
             self._remove_subscription(session, topic_filter)
         if session.stored:
@@ -219,7 +221,7 @@ class Broker:
             self._publish_will(session.client_id, pending[1], now)
         if session.dropped:
             log.info("session %s ended; %d queued messages had been dropped", session.client_id, session.dropped)
-        if self.cluster is not None:
+        if released and self.cluster is not None:
             self.cluster.session_ended(session.client_id)
 
     def _publish_will(self, client_id: str, will: Any, now: float) -> None:
@@ -720,7 +722,7 @@ class Broker:
         take its subscriptions into the tries (and so into the routes)."""
         old = self.sessions.get(stored.client_id)
         if old is not None:
-            self._end_session(old, now, publish_pending_will=False)
+            self._end_session(old, now, released=False, publish_pending_will=False)
         stored.disconnected_at = now
         session = self._rebuild_session(stored, now, from_store=False)
         self._schedule_expiry(session, now)

@@ -279,13 +279,13 @@ class Cluster:
         self._link(peer).request(frame_type, fields, lambda frame: None)
 
     async def drain_link(self, peer: str, timeout: float) -> None:
-        """Wait (at most `timeout`) until what this node forwarded to `peer` so far is
-        acknowledged there."""
+        """Wait (at most `timeout`) until `peer` has taken what this node forwarded to
+        it so far."""
         link = self.links.get(peer)
         if link is None:
             return
         with trio.move_on_after(timeout) as scope:
-            await link.drained(link.enqueued)
+            await link.taken()
         if scope.cancelled_caught:
             log.warning("link to %s did not drain within %.1f s", peer, timeout)
 

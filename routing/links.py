@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -55,6 +56,16 @@ class LinkItem:
         self.gate = gate
 
 
+class _Marker:
+    """A request that travels in the forward queue, behind everything queued before it:
+    its reply proves the peer has taken those batches (a handoff fence)."""
+
+    __slots__ = ("on_reply",)
+
+    def __init__(self, on_reply: Callable[[dict[str, Any]], None]) -> None:
+        self.on_reply = on_reply
+
+
 class FramedStream:
     """Envelopes over one TCP stream, sealed with the cluster key."""
 
@@ -87,7 +98,7 @@ class OutboundLink:
         self.epoch = epoch
         self.cluster_name = cluster_name
         self.on_acked = on_acked
-        self.queue: deque[LinkItem] = deque()
+        self.queue: deque[LinkItem | _Marker] = deque()
         self.unacked: dict[int, list[LinkItem]] = {}
         self._seq = itertools.count(1)
         self._wake = trio.Event()
@@ -95,10 +106,6 @@ class OutboundLink:
         self.dropped = 0
         self.sent_batches = 0
         self.connected = False
-        # Items ever queued, and items acknowledged or given up: a fence waits until
-        # `settled` reaches what `enqueued` was when it started.
-        self.enqueued = 0
-        self.settled = 0
         self.requests: deque[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = deque()
         self._pending_replies: deque[Callable[[dict[str, Any]], None]] = deque()
 
@@ -109,7 +116,6 @@ class OutboundLink:
                 log.warning("link to %s: send queue full (%d); dropped %d messages", self.peer, MAX_QUEUED, self.dropped)
             return False
         self.queue.append(item)
-        self.enqueued += 1
         self._wake.set()
         return True
 
@@ -118,15 +124,17 @@ class OutboundLink:
         self.requests.append((msg_type, fields, on_reply))
         self._wake.set()
 
-    async def drained(self, mark: int) -> None:
-        """Until every item queued before `mark` was acknowledged (or given up)."""
-        while self.settled < mark:
-            await trio.sleep(0.002)
+    async def taken(self) -> None:
+        """Until the peer has taken everything queued so far (delivered it to its
+        sessions; not necessarily synced): a marker rides the queue behind it."""
+        answered = trio.Event()
+        self.queue.append(_Marker(lambda frame: answered.set()))
+        self._wake.set()
+        await answered.wait()
 
     def fail_all(self) -> list[LinkItem]:
         """The peer is down: hand back everything not acknowledged."""
-        items = [i for batch in self.unacked.values() for i in batch] + list(self.queue)
-        self.settled += len(items)
+        items = [i for batch in self.unacked.values() for i in batch] + [i for i in self.queue if isinstance(i, LinkItem)]
         self.unacked.clear()
         self.queue.clear()
         self.requests.clear()
@@ -176,11 +184,22 @@ class OutboundLink:
                     self._pending_replies.append(on_reply)
                     await link.send(msg_type, **fields)
                 while self.queue:
-                    batch = [self.queue.popleft() for _ in range(min(MAX_BATCH, len(self.queue)))]
-                    seq = next(self._seq)
-                    self.unacked[seq] = batch
-                    await link.send("fwd", e=self.epoch, s=seq, m=[i.data for i in batch])
-                    self.sent_batches += 1
+                    batch: list[LinkItem] = []
+                    marker = None
+                    while self.queue and len(batch) < MAX_BATCH:
+                        item = self.queue.popleft()
+                        if isinstance(item, _Marker):
+                            marker = item
+                            break
+                        batch.append(item)
+                    if batch:
+                        seq = next(self._seq)
+                        self.unacked[seq] = batch
+                        await link.send("fwd", e=self.epoch, s=seq, m=[i.data for i in batch])
+                        self.sent_batches += 1
+                    if marker is not None:
+                        self._pending_replies.append(marker.on_reply)
+                        await link.send("ho_mark")
                 self._wake = trio.Event()
                 if not self.queue and not self.requests:
                     await self._wake.wait()
@@ -191,7 +210,6 @@ class OutboundLink:
             if frame["t"] == "fwd_ack":
                 batch = self.unacked.pop(frame.get("s"), None)
                 if batch:
-                    self.settled += len(batch)
                     self.on_acked(batch)
             elif self._pending_replies:
                 self._pending_replies.popleft()(frame)
@@ -222,25 +240,44 @@ class InboundLinks:
             return
         link = FramedStream(stream, self.gossip, self.node_id)
         try:
-            while True:
-                frame = await link.receive()
-                kind = frame["t"]
-                if kind == "fwd":
-                    await self._take_batch(link, peer, frame)
-                else:
-                    reply = self.handle_request(peer, frame)
-                    if inspect.isawaitable(reply):
-                        reply = await reply
-                    if reply is not None:
-                        msg_type, fields = reply
-                        await link.send(msg_type, **fields)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError) as exc:
-            log.debug("link from %s closed: %s", peer, exc)
-        except (wire.WireError, KeyError, TypeError, ValueError) as exc:
+            async with trio.open_nursery() as nursery:
+                # Batches are taken as they come; each is acknowledged, in order, once
+                # what it wrote is durable here (so reading never waits for a sync).
+                acks_in, acks_out = trio.open_memory_channel[int](math.inf)
+                nursery.start_soon(self._acknowledge, link, acks_out)
+                try:
+                    await self._read_frames(link, peer, acks_in)
+                finally:
+                    nursery.cancel_scope.cancel()
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError) as group:
+            log.debug("link from %s closed: %s", peer, group.exceptions[0])
+        except* (wire.WireError, KeyError, TypeError, ValueError) as group:
             self.malformed += 1
-            log.warning("link from %s: dropping a malformed frame and the link: %s", peer, exc)
+            log.warning("link from %s: dropping a malformed frame and the link: %s", peer, group.exceptions[0])
 
-    async def _take_batch(self, link: FramedStream, peer: str, frame: dict[str, Any]) -> None:
+    async def _acknowledge(self, link: FramedStream, acks: trio.MemoryReceiveChannel[int]) -> None:
+        async for seq in acks:
+            await self.wait_durable()
+            await link.send("fwd_ack", s=seq)
+
+    async def _read_frames(self, link: FramedStream, peer: str, acks: trio.MemorySendChannel[int]) -> None:
+        while True:
+            frame = await link.receive()
+            kind = frame["t"]
+            if kind == "fwd":
+                self._take_batch(peer, frame)
+                acks.send_nowait(frame["s"])
+            elif kind == "ho_mark":
+                await link.send("ho_marked")
+            else:
+                reply = self.handle_request(peer, frame)
+                if inspect.isawaitable(reply):
+                    reply = await reply
+                if reply is not None:
+                    msg_type, fields = reply
+                    await link.send(msg_type, **fields)
+
+    def _take_batch(self, peer: str, frame: dict[str, Any]) -> None:
         epoch, seq, items = frame["e"], frame["s"], frame["m"]
         if not isinstance(epoch, str) or not isinstance(seq, int) or not isinstance(items, list):
             raise ValueError("bad fwd frame")
@@ -248,7 +285,4 @@ class InboundLinks:
         if seq > self.taken.get(key, 0):
             self.handle_batch(peer, items)
             self.taken[key] = seq
-            # Acknowledge only what is durable here (principle 6 across the hop).
-            await self.wait_durable()
-        await link.send("fwd_ack", s=seq)
 

@@ -15,15 +15,19 @@ reply, so a lost link or a dead A shows up as a timeout on B):
 2. ``ho_more`` (cursor): the next queue chunk, until A says there is no more.
 3. B installs the image: writes it to its store (synced), takes the subscriptions into
    its trie and routes, and from now on queues what arrives for the client *after* A's
-   entries (B numbers its own entries from A's plus `B_SEQ_BASE_GAP`, so the queue's order, which
-   is its sequence order, is A's then B's).  B then *fences*: every other member takes
-   B's routes and waits until what it already sent to A is acknowledged by A.  After the
-   fences, any message for the client reaches B directly.
-4. ``ho_commit`` (cursor): A answers with the rest of its queue up to now (the tail: what
-   arrived while B was installing).  Those may also have reached B directly; B keeps
-   A's copy (earlier in the queue) and drops its own, matching by message identity
-   (origin node, message id).  Order per publisher holds: each publisher's messages
-   in the tail come before its messages that only B has.
+   entries (B numbers its own entries from A's plus `B_SEQ_BASE_GAP`, so the queue's
+   order, which is its sequence order, is A's then B's).  B then *fences*: every other
+   member takes B's routes and waits until A has taken what it already forwarded to A
+   (a marker behind it on its link).  After the fences, any message for the client
+   reaches B directly.
+4. ``ho_commit`` (cursor, B's routes): A takes B's routes (so what is published at A
+   from now on is forwarded to B) and answers with the rest of its queue up to now
+   (the tail: what arrived while B was installing).  Those may also have reached B
+   directly; B first has every member flush its link to B (``ho_flush``), so every
+   such copy is here, then keeps A's copy (earlier in the queue) and drops its own,
+   matching by message identity (origin node, message id).  Order per publisher
+   holds: each publisher's messages in the tail come before its messages that only B
+   has.
 5. ``ho_done``: once the tail is synced on B.  A deletes its copy and withdraws its
    routes.  B announces ownership (the claim made at CONNECT time stands) and answers
    CONNACK with session present = 1; inflight is resent with DUP=1, then the queue.

@@ -192,7 +192,11 @@ class Handoffs:
         claim = self.register.claim(client_id, _wall_ms(), clean=clean_start)
         self._announce(claim)
         giving = self.giving.pop(client_id, None)
-        if giving is not None:
+        if giving is not None and giving.commit_seq is not None:
+            # Committed: the taker holds everything and its `ho_done` is on its way;
+            # the copy here is stale, and the session is fetched from whoever owns it now.
+            self._handed_over(client_id, giving.taker, time.time())
+        elif giving is not None:
             log.info("%s came back here: handoff to %s abandoned", client_id, giving.taker)
         owner = previous.owner if previous is not None else None
         if clean_start or owner is None or owner == self.node_id:
@@ -242,7 +246,9 @@ class Handoffs:
         client_id = machine.client_id
         step: Any = machine.start()
         redirects = 0
+        phases: list[tuple[str, float]] = []  # for the debug log: where the time goes
         while True:
+            phases.append((type(step).__name__ + ":" + getattr(step, "frame_type", ""), trio.current_time() - started))
             if isinstance(step, Ask):
                 reply = await self.cluster.ask(machine.owner, step.frame_type, step.fields, STEP_TIMEOUT)
                 step = machine.on_reply(reply)
@@ -250,13 +256,18 @@ class Handoffs:
                 stale = self.broker.sessions.get(client_id)
                 stored = merge_stale(step.session, stale) if stale is not None and stale.persistent else step.session
                 taking.session = self.broker.install_session(stored, time.time())
-                await self.cluster.wait_durable()
-                await self._fence(machine.owner)
+                # Synced here and fenced everywhere, at the same time.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.cluster.wait_durable)
+                    nursery.start_soon(self._fence, machine.owner)
                 step = machine.installed()
                 # The owner takes this node's routes before it lets go, so what is
                 # published there after it deleted its copy is forwarded here.
                 step.fields["snap"] = self.cluster.own_route_snapshot()
             elif isinstance(step, MergeTail):
+                # Copies of tail messages that were forwarded here too must be here
+                # before the merge, or they would escape its deduplication.
+                await self._fence_back()
                 session = taking.session
                 add, drop = merge_tail(session.queue if session.queued else (),
                                        (e.delivery for e in session.inflight.values()), step.tail, machine.base)
@@ -265,6 +276,7 @@ class Handoffs:
                 done, finished = machine.merged()
                 # The owner may delete its copy now; its answer is not needed.
                 self.cluster.tell(machine.owner, done.frame_type, done.fields)
+                log.debug("takeover of %s: %s", client_id, " ".join(f"{n}@{t * 1000:.1f}ms" for n, t in phases))
                 self._finished(machine, finished, started)
                 return "ok"
             elif isinstance(step, Redirect):
@@ -306,6 +318,18 @@ class Handoffs:
             for member in members:
                 nursery.start_soon(self._fence_one, member, owner, snapshot)
 
+    async def _fence_back(self) -> None:
+        """Every member (the old owner too) flushes its link to this node."""
+        async with trio.open_nursery() as nursery:
+            for member in self.gossip.alive_members():
+                nursery.start_soon(self._flush_one, member)
+
+    async def _flush_one(self, member: str) -> None:
+        try:
+            await self.cluster.ask(member, "ho_flush", {}, FENCE_TIMEOUT + 1.0)
+        except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+            log.warning("flush at %s failed (%s): a message may be delivered twice", member, exc)
+
     async def _fence_one(self, member: str, owner: str, snapshot: Any) -> None:
         try:
             await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 1.0)
@@ -319,6 +343,8 @@ class Handoffs:
         cid = frame.get("c")
         if kind == "ho_fence":
             return self._answer_fence(frame)
+        if kind == "ho_flush":
+            return self._answer_flush(peer)
         if not isinstance(cid, str):
             raise ValueError("handoff frame without a client id")
         now = time.time()
@@ -343,12 +369,15 @@ class Handoffs:
             return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
         if kind == "ho_done":
             del self.giving[cid]
-            self.moved[cid] = (peer, now)
-            self.stats.given += 1
-            self.broker.discard_session(cid, now)
-            log.info("session %s handed over to %s", cid, peer)
+            self._handed_over(cid, peer, now)
             return "ho_state", {"ok": True}
         raise ValueError(f"unknown handoff frame {kind!r}")
+
+    def _handed_over(self, cid: str, taker: str, now: float) -> None:
+        self.moved[cid] = (taker, now)
+        self.stats.given += 1
+        self.broker.discard_session(cid, now)
+        log.info("session %s handed over to %s", cid, taker)
 
     def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> dict[str, Any]:
         self.register.merge(claim, _wall_ms())
@@ -371,6 +400,10 @@ class Handoffs:
         self.giving[cid] = Giving(cid, peer, now)
         q, cur, more = queue_chunk(session.queue if session.queued else (), 0)
         return {"ok": True, "img": image_of(session), "q": q, "cur": cur, "more": more}
+
+    async def _answer_flush(self, peer: str) -> tuple[str, dict[str, Any]]:
+        await self.cluster.drain_link(peer, FENCE_TIMEOUT)
+        return "ho_flushed", {"ok": True}
 
     async def _answer_fence(self, frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         owner = frame["o"]

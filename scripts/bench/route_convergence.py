@@ -34,11 +34,11 @@ from mesh.http_client import request_json  # noqa: E402
 from tests.support import Client, MeshdProcess, free_port  # noqa: E402
 
 
-def start_cluster(n: int, preset: str, workdir: str) -> list[MeshdProcess]:
+def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning") -> list[MeshdProcess]:
     ports = [free_port() for _ in range(n)]
     nodes = [
         MeshdProcess(os.path.join(workdir, f"n{i}"), "--gossip-preset", preset, "--seed", f"127.0.0.1:{ports[0]}",
-                     "--log-level", "warning", http=True, gossip_port=ports[i], node_id=f"n{i}")
+                     "--log-level", log_level, http=True, gossip_port=ports[i], node_id=f"n{i}")
         for i in range(n)
     ]
     try:
