@@ -52,7 +52,7 @@ from typing import Any, Iterable
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from session_store.store import COLUMN_FAMILIES, PendingBatch, SessionStore
+from session_store.store import COLUMN_FAMILIES, PendingBatch, SessionStore, pack_seq, session_prefix
 
 
 class StoreOpenError(Exception):
@@ -69,25 +69,25 @@ def _options() -> Options:
 MIN_RANGE_RUN = 4  # shorter runs of deleted deliveries get point tombstones
 
 
-def _delete_runs(wb: WriteBatch, keys: list[bytes], handle: Any) -> None:
-    """Tombstones for deleted deliveries (`client_id \\0 seq`).  Acknowledgements come
-    in order, so a batch usually deletes a run of consecutive sequence numbers of one
-    session: that run becomes one range tombstone, which costs RocksDB half as much
+def _delete_runs(wb: WriteBatch, deleted: list[tuple[str, int]], handle: Any) -> None:
+    """Tombstones for deleted deliveries, given as (client id, seq).  Acknowledgements
+    come in order, so a batch usually deletes a run of consecutive sequence numbers of
+    one session: that run becomes one range tombstone, which costs RocksDB half as much
     as the point tombstones.  Exact: every key the range covers is in the run."""
-    keys.sort()
-    i, n = 0, len(keys)
+    deleted.sort()
+    i, n = 0, len(deleted)
     while i < n:
-        start = keys[i]
-        prefix, seq = start[:-8], int.from_bytes(start[-8:], "big")
+        client_id, seq = deleted[i]
         j = i + 1
-        while j < n and keys[j][:-8] == prefix and int.from_bytes(keys[j][-8:], "big") == seq + j - i:
+        while j < n and deleted[j] == (client_id, seq + j - i):
             j += 1
+        prefix = session_prefix(client_id)
         end = seq + j - i
-        if j - i >= MIN_RANGE_RUN and len(start) > 8 and end < 1 << 64:
-            wb.delete_range(start, prefix + end.to_bytes(8, "big"), handle)
+        if j - i >= MIN_RANGE_RUN and end < 1 << 64:
+            wb.delete_range(prefix + pack_seq(seq), prefix + pack_seq(end), handle)
         else:
-            for key in keys[i:j]:
-                wb.delete(key, handle)
+            for k in range(seq, end):
+                wb.delete(prefix + pack_seq(k), handle)
         i = j
 
 
@@ -117,17 +117,20 @@ class RocksStore(SessionStore):
         for cf, prefix in batch.prefix_deletes:
             # Keys with this prefix sort in [prefix, prefix[:-1] + 0x01): the prefix ends in \0.
             wb.delete_range(prefix, prefix[:-1] + b"\x01", handles[cf])
-        queue_deletes: list[bytes] = []
         for (cf, key), op in batch.ops.items():
-            if op is not None:
-                encoder, args = op
-                wb.put(key, encoder(*args), handles[cf])
-            elif cf == "queue":
-                queue_deletes.append(key)
-            else:
+            if op is None:
                 wb.delete(key, handles[cf])
-        if queue_deletes:
-            _delete_runs(wb, queue_deletes, handles["queue"])
+            else:
+                wb.put(key, op[0](*op[1]), handles[cf])
+        queue = handles["queue"]
+        deleted: list[tuple[str, int]] = []
+        for k, op in batch.deliveries.items():
+            if op is None:
+                deleted.append(k)
+            else:
+                wb.put(session_prefix(k[0]) + pack_seq(k[1]), op[0](*op[1]), queue)
+        if deleted:
+            _delete_runs(wb, deleted, queue)
         self._db.write(wb, self._nosync)
         if sync:
             self._sync_wal()

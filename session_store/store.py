@@ -45,7 +45,7 @@ SESSION_SCOPED = ("subscriptions", "inflight", "queue", "qos2_in")
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
-_pack_u64 = _U64.pack
+pack_seq = _U64.pack  # a delivery key's suffix
 
 
 @functools.lru_cache(maxsize=65536)
@@ -81,6 +81,9 @@ class RecoveredState:
     skipped: int = 0  # unreadable values, logged with their keys
 
 
+Op = tuple[Callable[..., bytes], tuple]  # (encoder, args): the value, encoded at write time
+
+
 class PendingBatch:
     """Changes recorded since the last commit, coalesced per key.
 
@@ -89,58 +92,60 @@ class PendingBatch:
     tombstone and is never encoded: values are kept as (encoder, args) and encoded only
     when the batch is written, off the Trio thread. Prefix deletes (a whole session)
     drop the pending changes they cover and are applied before the remaining ones.
+
+    Deliveries (the `queue` family, several changes per message) are kept apart,
+    keyed by (client id, seq): their byte keys are built only for what is written.
     """
 
-    __slots__ = ("ops", "prefix_deletes", "fresh")
+    __slots__ = ("ops", "deliveries", "prefix_deletes", "fresh")
 
     def __init__(self) -> None:
-        self.ops: dict[tuple[str, bytes], tuple[Callable[..., bytes], tuple] | None] = {}
+        self.ops: dict[tuple[str, bytes], Op | None] = {}
+        self.deliveries: dict[tuple[str, int], Op | None] = {}
         self.prefix_deletes: list[tuple[str, bytes]] = []
-        # Keys first written in this batch that cannot exist on disk (sequence-numbered
-        # queue and inflight records): deleting one before the commit writes nothing.
-        self.fresh: set[tuple[str, bytes]] = set()
+        # Deliveries first written in this batch, which cannot exist on disk (sequence
+        # numbers are never reused): deleting one before the commit writes nothing.
+        self.fresh: set[tuple[str, int]] = set()
 
-    def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any, fresh: bool = False) -> None:
-        k = (cf, key)
-        if fresh and k not in self.ops:
-            self.fresh.add(k)
-        self.ops[k] = (encoder, args)
-
-    def put_fresh(self, k: tuple[str, bytes], op: tuple[Callable[..., bytes], tuple]) -> None:
-        """`put(..., fresh=True)` for the per-message hot path: key and op prebuilt."""
-        ops = self.ops
-        if k not in ops:
-            self.fresh.add(k)
-        ops[k] = op
+    def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
+        self.ops[(cf, key)] = (encoder, args)
 
     def delete(self, cf: str, key: bytes) -> None:
-        self.delete_key((cf, key))
+        self.ops[(cf, key)] = None
 
-    def delete_key(self, k: tuple[str, bytes]) -> None:
+    def put_delivery(self, k: tuple[str, int], op: Op, fresh: bool) -> None:
+        deliveries = self.deliveries
+        if fresh and k not in deliveries:
+            self.fresh.add(k)
+        deliveries[k] = op
+
+    def delete_delivery(self, k: tuple[str, int]) -> None:
         fresh = self.fresh
         if k in fresh:
             fresh.remove(k)
-            del self.ops[k]
+            del self.deliveries[k]
         else:
-            self.ops[k] = None
+            self.deliveries[k] = None
 
     def delete_prefix(self, cf: str, prefix: bytes) -> None:
         for k in [k for k in self.ops if k[0] == cf and k[1].startswith(prefix)]:
             del self.ops[k]
-            self.fresh.discard(k)
+        if cf == "queue":
+            client_id = prefix[:-1].decode("utf-8")
+            for dk in [dk for dk in self.deliveries if dk[0] == client_id]:
+                del self.deliveries[dk]
+                self.fresh.discard(dk)
         self.prefix_deletes.append((cf, prefix))
 
     def __len__(self) -> int:
-        return len(self.ops) + len(self.prefix_deletes)
+        return len(self.ops) + len(self.deliveries) + len(self.prefix_deletes)
 
     def items(self) -> Iterable[tuple[str, bytes, bytes | None]]:
         """(cf, key, encoded value or None for a delete), prefix deletes excluded."""
         for (cf, key), op in self.ops.items():
-            if op is None:
-                yield cf, key, None
-            else:
-                encoder, args = op
-                yield cf, key, encoder(*args)
+            yield cf, key, None if op is None else op[0](*op[1])
+        for (client_id, seq), op in self.deliveries.items():
+            yield "queue", session_prefix(client_id) + pack_seq(seq), None if op is None else op[0](*op[1])
 
 
 class SessionStore(ABC):
@@ -171,8 +176,8 @@ class SessionStore(ABC):
         batch, self._batch = self._batch, PendingBatch()
         return batch, self.write_epoch
 
-    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any, fresh: bool = False) -> None:
-        self._batch.put(cf, key, encoder, *args, fresh=fresh)
+    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
+        self._batch.put(cf, key, encoder, *args)
 
     def _delete(self, cf: str, key: bytes) -> None:
         self._batch.delete(cf, key)
@@ -215,8 +220,8 @@ class SessionStore(ABC):
         self._delete("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"))
         self._changed()
 
-    # The delivery calls run for every message to a persistent session: they build the
-    # key and the deferred encoding in place instead of going through `_put`/`_delete`.
+    # The delivery calls run for every message to a persistent session: kept lean (no
+    # byte keys, no helper layers; `_changed` inlined).
 
     def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
         """Keyed by the delivery's sequence number (unique, never reused), so a
@@ -224,26 +229,29 @@ class SessionStore(ABC):
         Replaces the delivery's queued record, if it had one."""
         # Only a first send can be a key new to the disk; PUBREL-sent rewrites a record
         # that may be committed already.
-        k = ("queue", session_prefix(client_id) + _pack_u64(delivery.seq))
-        op = (records.encode_delivery_record, (delivery, records.STATE_CODES[state], packet_id))
-        if state == "publish":
-            self._batch.put_fresh(k, op)
-        else:
-            self._batch.ops[k] = op
-        self._changed()
+        self._batch.put_delivery((client_id, delivery.seq), (records.encode_delivery_record,
+                                 (delivery, records.STATE_CODES[state], packet_id)), state == "publish")
+        if self.write_epoch == self.durable_epoch:
+            self.on_dirty()
+        self.write_epoch += 1
 
     def delete_inflight(self, client_id: str, seq: int) -> None:
-        self._batch.delete_key(("queue", session_prefix(client_id) + _pack_u64(seq)))
-        self._changed()
+        self._batch.delete_delivery((client_id, seq))
+        if self.write_epoch == self.durable_epoch:
+            self.on_dirty()
+        self.write_epoch += 1
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._batch.put_fresh(("queue", session_prefix(client_id) + _pack_u64(delivery.seq)),
-                              (records.encode_delivery_record, (delivery,)))
-        self._changed()
+        self._batch.put_delivery((client_id, delivery.seq), (records.encode_delivery_record, (delivery,)), True)
+        if self.write_epoch == self.durable_epoch:
+            self.on_dirty()
+        self.write_epoch += 1
 
     def delete_queued(self, client_id: str, seq: int) -> None:
-        self._batch.delete_key(("queue", session_prefix(client_id) + _pack_u64(seq)))
-        self._changed()
+        self._batch.delete_delivery((client_id, seq))  # the same record as inflight
+        if self.write_epoch == self.durable_epoch:
+            self.on_dirty()
+        self.write_epoch += 1
 
     def put_qos2_in(self, client_id: str, packet_id: int) -> None:
         self._put("qos2_in", session_prefix(client_id) + _U16.pack(packet_id), records.encode_value, 1)

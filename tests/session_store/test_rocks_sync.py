@@ -112,8 +112,8 @@ def test_consecutive_deletes_become_one_range_tombstone():
     from session_store.rocks import _delete_runs
 
     wb = RecordingBatch()
-    keys = [k("a", s) for s in (7, 3, 4, 5, 6, 9, 20, 21)] + [k("ab", s) for s in (8, 9, 10, 11)] + [k("b", 2**64 - 1)]
-    _delete_runs(wb, keys, None)
+    deleted = [("a", s) for s in (7, 3, 4, 5, 6, 9, 20, 21)] + [("ab", s) for s in (8, 9, 10, 11)] + [("b", 2**64 - 1)]
+    _delete_runs(wb, deleted, None)
     assert wb.calls == [
         ("range", k("a", 3), k("a", 8)),  # 3..7, whatever order they were deleted in
         ("delete", k("a", 9)),  # runs shorter than MIN_RANGE_RUN stay point tombstones
