@@ -221,7 +221,13 @@ class Handoffs:
         machine = Takeover(client_id, owner, claim.stamp.to_wire())
         try:
             with taking.scope:
-                return await self._drive(machine, taking, started)
+                # Copies forwarded here (over routes older than this takeover) before the
+                # client left its old node must land before the session does: the old
+                # node may have delivered them already.  Flushed alongside the pull.
+                flushed = trio.Event()
+                assert self._nursery is not None
+                self._nursery.start_soon(self._fence_back, flushed)
+                return await self._drive(machine, taking, started, flushed)
             if taking.superseded:
                 return self._superseded(client_id, taking)
             self._fallback(client_id, machine.owner, "timed out")
@@ -242,7 +248,7 @@ class Handoffs:
         log.info("%s: a newer CONNECT elsewhere won; closing this one (0x8E)", client_id)
         return "superseded"
 
-    async def _drive(self, machine: Takeover, taking: _Taking, started: float) -> str:
+    async def _drive(self, machine: Takeover, taking: _Taking, started: float, flushed: trio.Event) -> str:
         client_id = machine.client_id
         step: Any = machine.start()
         redirects = 0
@@ -253,6 +259,7 @@ class Handoffs:
                 reply = await self.cluster.ask(machine.owner, step.frame_type, step.fields, STEP_TIMEOUT)
                 step = machine.on_reply(reply)
             elif isinstance(step, Install):
+                await flushed.wait()
                 stale = self.broker.sessions.get(client_id)
                 stored = merge_stale(step.session, stale) if stale is not None and stale.persistent else step.session
                 taking.session = self.broker.install_session(stored, time.time())
@@ -318,11 +325,13 @@ class Handoffs:
             for member in members:
                 nursery.start_soon(self._fence_one, member, owner, snapshot)
 
-    async def _fence_back(self) -> None:
+    async def _fence_back(self, done: trio.Event | None = None) -> None:
         """Every member (the old owner too) flushes its link to this node."""
         async with trio.open_nursery() as nursery:
             for member in self.gossip.alive_members():
                 nursery.start_soon(self._flush_one, member)
+        if done is not None:
+            done.set()
 
     async def _flush_one(self, member: str) -> None:
         try:
