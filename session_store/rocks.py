@@ -52,6 +52,7 @@ from typing import Any, Iterable
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from session_store import records
 from session_store.store import COLUMN_FAMILIES, PendingBatch, SessionStore, pack_seq, session_prefix
 
 
@@ -123,12 +124,13 @@ class RocksStore(SessionStore):
             else:
                 wb.put(key, op[0](*op[1]), handles[cf])
         queue = handles["queue"]
+        encode = records.encode_delivery_record
         deleted: list[tuple[str, int]] = []
-        for k, op in batch.deliveries.items():
-            if op is None:
+        for k, args in batch.deliveries.items():
+            if args is None:
                 deleted.append(k)
             else:
-                wb.put(session_prefix(k[0]) + pack_seq(k[1]), op[0](*op[1]), queue)
+                wb.put(session_prefix(k[0]) + pack_seq(k[1]), encode(*args), queue)
         if deleted:
             _delete_runs(wb, deleted, queue)
         self._db.write(wb, self._nosync)

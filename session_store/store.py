@@ -94,14 +94,15 @@ class PendingBatch:
     drop the pending changes they cover and are applied before the remaining ones.
 
     Deliveries (the `queue` family, several changes per message) are kept apart,
-    keyed by (client id, seq): their byte keys are built only for what is written.
+    keyed by (client id, seq), as the arguments of `records.encode_delivery_record`:
+    their byte keys and values are built only for what is written.
     """
 
     __slots__ = ("ops", "deliveries", "prefix_deletes", "fresh")
 
     def __init__(self) -> None:
         self.ops: dict[tuple[str, bytes], Op | None] = {}
-        self.deliveries: dict[tuple[str, int], Op | None] = {}
+        self.deliveries: dict[tuple[str, int], tuple | None] = {}
         self.prefix_deletes: list[tuple[str, bytes]] = []
         # Deliveries first written in this batch, which cannot exist on disk (sequence
         # numbers are never reused): deleting one before the commit writes nothing.
@@ -113,11 +114,11 @@ class PendingBatch:
     def delete(self, cf: str, key: bytes) -> None:
         self.ops[(cf, key)] = None
 
-    def put_delivery(self, k: tuple[str, int], op: Op, fresh: bool) -> None:
+    def put_delivery(self, k: tuple[str, int], args: tuple, fresh: bool) -> None:
         deliveries = self.deliveries
         if fresh and k not in deliveries:
             self.fresh.add(k)
-        deliveries[k] = op
+        deliveries[k] = args
 
     def delete_delivery(self, k: tuple[str, int]) -> None:
         fresh = self.fresh
@@ -144,8 +145,9 @@ class PendingBatch:
         """(cf, key, encoded value or None for a delete), prefix deletes excluded."""
         for (cf, key), op in self.ops.items():
             yield cf, key, None if op is None else op[0](*op[1])
-        for (client_id, seq), op in self.deliveries.items():
-            yield "queue", session_prefix(client_id) + pack_seq(seq), None if op is None else op[0](*op[1])
+        encode = records.encode_delivery_record
+        for (client_id, seq), args in self.deliveries.items():
+            yield "queue", session_prefix(client_id) + pack_seq(seq), None if args is None else encode(*args)
 
 
 class SessionStore(ABC):
@@ -229,8 +231,8 @@ class SessionStore(ABC):
         Replaces the delivery's queued record, if it had one."""
         # Only a first send can be a key new to the disk; PUBREL-sent rewrites a record
         # that may be committed already.
-        self._batch.put_delivery((client_id, delivery.seq), (records.encode_delivery_record,
-                                 (delivery, records.STATE_CODES[state], packet_id)), state == "publish")
+        self._batch.put_delivery((client_id, delivery.seq), (delivery, records.STATE_CODES[state], packet_id),
+                                 state == "publish")
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
@@ -242,7 +244,7 @@ class SessionStore(ABC):
         self.write_epoch += 1
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._batch.put_delivery((client_id, delivery.seq), (records.encode_delivery_record, (delivery,)), True)
+        self._batch.put_delivery((client_id, delivery.seq), (delivery,), True)
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
@@ -279,6 +281,10 @@ class SessionStore(ABC):
 
     def put_meta(self, key: str, value: Any) -> None:
         self._put("meta", key.encode("utf-8"), records.encode_value, value)
+        self._changed()
+
+    def delete_meta(self, key: str) -> None:
+        self._delete("meta", key.encode("utf-8"))
         self._changed()
 
     # -- start-up ---------------------------------------------------------------------------
