@@ -109,6 +109,8 @@ class Node:
         self.cluster = Cluster(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
             cluster_name=settings.cluster_name, epoch=self.route_epoch,
+            hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
+            held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
         )
         self.config_sync = ConfigSync(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, store=self.store, trace=self.trace,

@@ -17,6 +17,7 @@ Glue between the broker, the route table (`routing.table`), gossip and the mesh 
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from netsplit.held import HeldTraffic
 from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink
 from routing.table import RouteDelta, RouteSnapshot, RouteTable
 from session_store import records
@@ -40,6 +42,9 @@ log = logging.getLogger("meshd.cluster")
 ROUTE_FLUSH_DELAY = 0.02  # coalesce route changes made in one burst into one delta
 ROUTE_CHUNK_BYTES = 900  # route broadcasts must fit a gossip packet with room to spare
 ANTI_ENTROPY_INTERVAL = 5.0
+HELD_EXPIRY_INTERVAL = 5.0
+HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
+HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
 
 
 def _now_us() -> int:
@@ -48,7 +53,9 @@ def _now_us() -> int:
 
 class Cluster:
     def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService",
-                 trace: "TraceWriter | NullTraceWriter", cluster_name: str, epoch: int) -> None:
+                 trace: "TraceWriter | NullTraceWriter", cluster_name: str, epoch: int,
+                 hold_period: float = 86400.0, held_max_messages: int = 10_000, held_max_age: float = 3600.0,
+                 recovered_meta: dict[str, Any] | None = None) -> None:
         self.node_id = node_id
         self.broker = broker
         self.gossip = gossip
@@ -73,6 +80,8 @@ class Cluster:
         gossip.register_stream_handler("link_hello", self.inbound.serve)
         broker.cluster = self
         self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace)
+        self.held = HeldTraffic(hold_period=hold_period, max_messages=held_max_messages, max_age=held_max_age)
+        self._restore_held(recovered_meta or {})
 
     # ---------------------------------------------------------------- running
 
@@ -84,6 +93,7 @@ class Cluster:
             nursery.start_soon(self._route_flusher)
             nursery.start_soon(self._anti_entropy)
             nursery.start_soon(self.handoffs.run)
+            nursery.start_soon(self._expire_held)
             task_status.started()
             await trio.sleep_forever()
 
@@ -149,17 +159,117 @@ class Cluster:
 
     def _on_member_change(self, member: str, state: str) -> None:
         if state in ("dead", "left"):
+            filters = self.table.remote[member].filters if member in self.table.remote else set()
+            if state == "dead" and self.held.hold(member, filters, time.time()):
+                # Unreachable, not gone: its routes are held and what matches them is
+                # kept for it until it is back (or the hold period ends).
+                self._store_held_routes(member)
+                log.warning("member %s unreachable: holding QoS >= 1 messages for its %d routes", member,
+                            len(self.held.members[member].filters))
+            elif state == "left":
+                self._forget_held(member)
             dropped = self.table.drop_origin(member)
             if dropped:
                 log.info("member %s %s: dropped its %d routes", member, state, len(dropped))
             link = self.links.pop(member, None)
             if link is not None:
                 link.cancel_scope.cancel()
-                self._release(link.fail_all())
+                self._release(self._hold_failed(member, link.fail_all()))
         elif state == "alive":
+            self._replay_held(member)
             self._pull_routes(member)
             if not self._retained_pulled:
                 self._pull_retained(member)
+
+    # ------------------------------------------------------------ held traffic
+
+    def _hold(self, member: str, msg: "Message", now: float, seq: int | None = None) -> None:
+        seq, dropped = self.held.add(member, msg, now, seq)
+        store = self.broker.store
+        if seq not in dropped:
+            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", [records.message_map(msg), now])
+        for gone in dropped:
+            store.delete_meta(f"{HELD_MSG}{member}/{gone:020d}")
+        if dropped and (self.held.dropped_full == len(dropped) or self.held.dropped_full % 1000 < len(dropped)):
+            log.warning("held messages for %s over the limit (%d): dropped the oldest (%d dropped so far)",
+                        member, self.held.max_messages, self.held.dropped_full)
+
+    def _hold_failed(self, member: str, items: list[LinkItem]) -> list[LinkItem]:
+        """Items a dead member's link never got acknowledged: QoS >= 1 plain forwards are
+        held for it (in order) when its routes are; their publishers are answered once
+        that is on disk."""
+        if not self.held.is_held(member):
+            return items
+        now = time.time()
+        for item in items:
+            data, plain, _groups, _keep = item.data
+            if item.qos and plain:
+                try:
+                    msg = records.message_from_map(data)
+                except records.RecordError:
+                    continue
+                self._hold(member, msg, now, item.held_seq or None)
+        return items
+
+    def _replay_held(self, member: str) -> None:
+        held = self.held.take(member)
+        self.broker.store.delete_meta(f"{HELD_ROUTES}{member}")
+        if not held:
+            return
+        link = self._link(member)
+        for seq, msg in held:
+            # Ahead of anything new for it: the replay keeps each publisher's order.
+            link.enqueue(LinkItem([records.message_map(msg), True, [], False], msg.qos, None, seq))
+        log.warning("member %s is back: replaying %d held messages", member, len(held))
+
+    def _forget_held(self, member: str) -> None:
+        held = self.held.take(member)
+        self.held.replayed -= len(held)
+        store = self.broker.store
+        store.delete_meta(f"{HELD_ROUTES}{member}")
+        for seq, _ in held:
+            store.delete_meta(f"{HELD_MSG}{member}/{seq:020d}")
+        if held:
+            log.warning("member %s left: dropped %d messages held for it", member, len(held))
+
+    def _store_held_routes(self, member: str) -> None:
+        held = self.held.members[member]
+        self.broker.store.put_meta(f"{HELD_ROUTES}{member}", [sorted(held.filters), held.since])
+
+    def _restore_held(self, meta: dict[str, Any]) -> None:
+        for key, value in meta.items():
+            if key.startswith(HELD_ROUTES):
+                try:
+                    filters, since = value
+                    self.held.hold(key[len(HELD_ROUTES):], [str(f) for f in filters], float(since))
+                except (TypeError, ValueError):
+                    log.error("ignoring a stored held route record %s", key)
+        for key in sorted(k for k in meta if k.startswith(HELD_MSG)):
+            member, _, seq = key[len(HELD_MSG):].rpartition("/")
+            try:
+                data, held_at = meta[key]
+                msg = records.message_from_map(data)
+                if self.held.is_held(member):
+                    self.held.add(member, msg, float(held_at), int(seq))
+                    continue
+            except (TypeError, ValueError, records.RecordError):
+                log.error("ignoring a stored held message %s", key)
+            self.broker.store.delete_meta(key)
+        if self.held.members:
+            log.info("restored held traffic: %s", self.held.counts())
+
+    async def _expire_held(self) -> None:
+        while True:
+            await trio.sleep(HELD_EXPIRY_INTERVAL)
+            gone, aged = self.held.expire(time.time())
+            store = self.broker.store
+            for member in gone:
+                store.delete_meta(f"{HELD_ROUTES}{member}")
+                log.warning("member %s unreachable for longer than the hold period: its held routes go", member)
+            for member, seq in aged:
+                store.delete_meta(f"{HELD_MSG}{member}/{seq:020d}")
+            if aged:
+                log.warning("dropped %d held messages past their age limit", len(aged))
 
     def _digest_for_push_pull(self) -> object:
         return {"n": self.node_id, "d": {o: list(d) for o, d in self.table.digest().items()}}
@@ -247,7 +357,12 @@ class Cluster:
         return candidates[i % len(candidates)]
 
     def forward(self, msg: "Message", targets: dict[str, list], gate: AckGate | None) -> None:
-        """Send `msg` to each target node once: targets[node] = [plain, groups, keep_retained]."""
+        """Send `msg` to each target node once: targets[node] = [plain, groups, keep_retained];
+        and hold it for unreachable members whose held routes match."""
+        if msg.qos and self.held.members:
+            now = time.time()
+            for member in self.held.members_for(msg.topic):
+                self._hold(member, msg, now)
         if not targets:
             return
         data = records.message_map(msg)
@@ -302,10 +417,19 @@ class Cluster:
             # duplicate filter (per peer and link epoch) never mistakes it for an old one.
             self._link_serial += 1
             link_epoch = f"{self.epoch}.{self._link_serial}"
-            link = self.links[peer] = OutboundLink(peer, self.gossip, self.node_id, link_epoch, self.cluster_name, self._release)
+            link = self.links[peer] = OutboundLink(peer, self.gossip, self.node_id, link_epoch, self.cluster_name,
+                                                   functools.partial(self._acked, peer))
             assert self._nursery is not None
             self._nursery.start_soon(link.run)
         return link
+
+    def _acked(self, peer: str, items: list[LinkItem]) -> None:
+        """A peer acknowledged a batch: replayed held messages in it are done."""
+        store = self.broker.store
+        for item in items:
+            if item.held_seq:
+                store.delete_meta(f"{HELD_MSG}{peer}/{item.held_seq:020d}")
+        self._release(items)
 
     def _release(self, items: list[LinkItem]) -> None:
         """Items acknowledged by their peer, or given up: their gates open."""

@@ -48,12 +48,13 @@ class AckGate:
 
 
 class LinkItem:
-    __slots__ = ("data", "qos", "gate")
+    __slots__ = ("data", "qos", "gate", "held_seq")
 
-    def __init__(self, data: list, qos: int, gate: AckGate | None) -> None:
+    def __init__(self, data: list, qos: int, gate: AckGate | None, held_seq: int = 0) -> None:
         self.data = data
         self.qos = qos
         self.gate = gate
+        self.held_seq = held_seq  # a replayed held message: its record goes once acknowledged
 
 
 class _Marker:

@@ -1,0 +1,128 @@
+"""Held routes and held messages: what a node keeps for a member it cannot reach.
+
+Pure (no Trio, no sockets; time passed in).  When a member becomes unreachable without
+leaving (declared dead: crashed, or on the other side of a netsplit), its routes are
+not forgotten at once: they become *held routes* for `hold_period` seconds.  A QoS >= 1
+publish that matches a held route of a member is *held* for that member (in order,
+bounded by `max_messages` per member, oldest dropped first, and by `max_age`), persisted
+by the caller, and replayed to the member when it is reachable again.  A member that
+leaves gracefully has nothing held: its sessions were handed off or ended.
+
+Shared subscriptions are not held: a group is served by any member, so the live
+members take its messages during a split.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from routing.table import split_shared
+from routing.trie import TopicTrie
+from session_store.model import Message
+
+
+@dataclass
+class HeldMember:
+    filters: frozenset[str]
+    since: float
+    messages: deque[tuple[int, Message, float]] = field(default_factory=deque)  # (seq, message, held at)
+
+
+class HeldTraffic:
+    def __init__(self, *, hold_period: float, max_messages: int, max_age: float) -> None:
+        self.hold_period = hold_period
+        self.max_messages = max_messages
+        self.max_age = max_age
+        self.members: dict[str, HeldMember] = {}
+        self.trie: TopicTrie[str] = TopicTrie()
+        self._seq = itertools.count(1)
+        self.held_total = 0
+        self.dropped_full = 0
+        self.dropped_aged = 0
+        self.replayed = 0
+
+    # ------------------------------------------------------------ routes
+
+    def hold(self, member: str, filters: Iterable[str], now: float) -> bool:
+        """The member became unreachable: keep its plain routes.  False if it had none."""
+        plain = frozenset(f for f in filters if split_shared(f)[0] is None)
+        if member in self.members:
+            self.release_routes(member)
+        if not plain:
+            return False
+        self.members[member] = HeldMember(plain, now)
+        for f in plain:
+            self.trie.add(f, member)
+        return True
+
+    def release_routes(self, member: str) -> None:
+        held = self.members.get(member)
+        if held is None:
+            return
+        for f in held.filters:
+            self.trie.remove(f, member)
+
+    def members_for(self, topic: str) -> set[str]:
+        if not self.members:
+            return set()
+        return set(self.trie.match(topic))
+
+    def is_held(self, member: str) -> bool:
+        return member in self.members
+
+    # ------------------------------------------------------------ messages
+
+    def add(self, member: str, msg: Message, now: float, seq: int | None = None) -> tuple[int, list[int]]:
+        """Hold `msg` for `member`: (its sequence number, the sequence numbers dropped to
+        make room)."""
+        held = self.members[member]
+        if seq is None:
+            seq = next(self._seq)
+        else:  # restored from the store: new numbers continue after it
+            self._seq = itertools.count(max(seq + 1, next(self._seq)))
+        if self.max_messages <= 0:
+            self.dropped_full += 1
+            return seq, [seq]
+        dropped: list[int] = []
+        while len(held.messages) >= self.max_messages:
+            dropped.append(held.messages.popleft()[0])
+            self.dropped_full += 1
+        held.messages.append((seq, msg, now))
+        self.held_total += 1
+        return seq, dropped
+
+    def take(self, member: str) -> list[tuple[int, Message]]:
+        """The member is reachable again: its held routes go, and its held messages are
+        returned in the order they were held, for replay."""
+        held = self.members.pop(member, None)
+        if held is None:
+            return []
+        for f in held.filters:
+            self.trie.remove(f, member)
+        out = [(seq, msg) for seq, msg, _ in held.messages]
+        self.replayed += len(out)
+        return out
+
+    def expire(self, now: float) -> tuple[list[str], list[tuple[str, int]]]:
+        """(members whose hold period ended, with everything they had; (member, seq) of
+        messages older than `max_age` or past their own expiry)."""
+        gone: list[str] = []
+        aged: list[tuple[str, int]] = []
+        for member, held in list(self.members.items()):
+            if now - held.since > self.hold_period:
+                gone.append(member)
+                aged.extend((member, seq) for seq, _, _ in held.messages)
+                self.dropped_aged += len(held.messages)
+                self.release_routes(member)
+                del self.members[member]
+                continue
+            while held.messages and (now - held.messages[0][2] > self.max_age or held.messages[0][1].expired(now)):
+                aged.append((member, held.messages.popleft()[0]))
+                self.dropped_aged += 1
+        return gone, aged
+
+    def counts(self) -> dict[str, int]:
+        return {m: len(h.messages) for m, h in self.members.items()}

@@ -1,0 +1,55 @@
+"""Held traffic bookkeeping (sans-I/O)."""
+
+from __future__ import annotations
+
+from mesh.mqtt import EMPTY_PROPERTIES
+from netsplit.held import HeldTraffic
+from session_store.model import Message
+
+
+def msg(i: int, topic: str = "a/b", expires_at: float | None = None) -> Message:
+    return Message(topic, str(i).encode(), 1, False, EMPTY_PROPERTIES, expires_at, "p", i, "X")
+
+
+def test_routes_are_held_and_matched_shared_ones_are_not():
+    h = HeldTraffic(hold_period=100, max_messages=10, max_age=50)
+    assert h.hold("M", ["a/+", "$share/g/a/#"], now=0)
+    assert h.members_for("a/b") == {"M"}
+    assert h.members_for("x") == set()
+    assert not h.hold("N", ["$share/g/x"], now=0)  # nothing to hold
+    assert h.members_for("x") == set()
+
+
+def test_messages_are_bounded_oldest_first_and_replayed_in_order():
+    h = HeldTraffic(hold_period=100, max_messages=3, max_age=50)
+    h.hold("M", ["a/#"], now=0)
+    seqs = []
+    for i in range(5):
+        seq, dropped = h.add("M", msg(i), now=i)
+        seqs.append(seq)
+    assert h.dropped_full == 2
+    replay = h.take("M")
+    assert [m.msg_id for _, m in replay] == [2, 3, 4]
+    assert [s for s, _ in replay] == seqs[2:]
+    assert h.members_for("a/b") == set() and not h.is_held("M")
+
+
+def test_age_and_hold_period_expire():
+    h = HeldTraffic(hold_period=100, max_messages=10, max_age=50)
+    h.hold("M", ["a/#"], now=0)
+    h.add("M", msg(1), now=0)
+    h.add("M", msg(2, expires_at=20), now=10)
+    h.add("M", msg(3), now=40)
+    gone, aged = h.expire(now=60)  # 1 is too old, 2 expired by its own expiry
+    assert gone == [] and [s for _, s in aged] == [1, 2]
+    gone, aged = h.expire(now=101)
+    assert gone == ["M"] and [s for _, s in aged] == [3]
+    assert h.members_for("a/b") == set()
+
+
+def test_restored_sequence_numbers_continue():
+    h = HeldTraffic(hold_period=100, max_messages=10, max_age=50)
+    h.hold("M", ["a/#"], now=0)
+    h.add("M", msg(1), now=0, seq=41)
+    seq, _ = h.add("M", msg(2), now=0)
+    assert seq == 42
