@@ -29,7 +29,8 @@ Values other than format-2 deliveries are CBOR maps with `"v": 1`
 are still read, so a node upgraded in place keeps its sessions.
 
 A session is removed with one range delete per session-scoped family
-(`client_id\\0` .. `client_id\\1`).
+(`client_id\\0` .. `client_id\\1`); a run of at least `MIN_RANGE_RUN` consecutive
+deliveries deleted in one batch (acknowledged in order) is one range tombstone.
 
 Syncing: in `sync` and `batch` durability a batch is durable when `write_batch`
 returns, in `off` it is only in the OS (which a killed process does not lose).  A
