@@ -80,6 +80,8 @@ class BrokerStats:
         self.window_full = 0  # QoS >= 1 deliveries queued behind a full inflight window
 
 
+REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
+
 # Properties of an inbound PUBLISH that are per-hop and never forwarded.
 _PER_HOP = {"topic_alias": None, "subscription_identifiers": ()}
 
@@ -112,6 +114,9 @@ class Broker:
         # The mesh (routing.cluster.Cluster) when this node is part of one.
         self.cluster: Any = None
         self._durable_callbacks: list[tuple[int, Callable[[], None]]] = []
+        # Sessions started while their owner was unreachable: the identities of what
+        # they were given, so a copy merged in later does not bring those back twice.
+        self.remembered: dict[str, set[tuple[str | None, int]]] = {}
 
     # ------------------------------------------------------------------ connect
 
@@ -506,6 +511,8 @@ class Broker:
         return fallback
 
     def deliver(self, session: Session, delivery: Delivery, now: float, cache: dict[Any, bytes] | None = None) -> None:
+        if self.remembered and session.client_id in self.remembered:
+            self._remember(session.client_id, delivery.message)
         conn = self.connections.get(session.client_id)
         if conn is not None:
             conn.deliver(delivery, now, cache)
@@ -742,6 +749,11 @@ class Broker:
         for d in add:
             self.store.put_queued(session.client_id, d)
 
+    def _remember(self, client_id: str, msg: Message) -> None:
+        keys = self.remembered[client_id]
+        if len(keys) < REMEMBER_LIMIT:
+            keys.add((msg.origin, msg.msg_id))
+
     def merge_session(self, stored: StoredSession, now: float) -> int:
         """Another node's copy of a session this node owns (a takeover that fell back,
         a netsplit): subscriptions it lacks are added, its inflight and queued messages
@@ -757,7 +769,8 @@ class Broker:
                 self._index_subscription(session.client_id, *parse_shared_subscription(topic_filter))
                 if session.stored:
                     self.store.put_subscription(session.client_id, topic_filter, options)
-        known = {(e.delivery.message.origin, e.delivery.message.msg_id) for e in session.inflight.values()}
+        known = set(self.remembered.get(session.client_id, ()))
+        known.update((e.delivery.message.origin, e.delivery.message.msg_id) for e in session.inflight.values())
         known.update((d.message.origin, d.message.msg_id) for d in (session.queue if session.queued else ()))
         added = 0
         for d in [d for _, d, _ in stored.inflight] + stored.queue:

@@ -43,6 +43,7 @@ GIVE_TIMEOUT = 15.0  # a giver that hears nothing more keeps serving its copy
 MOVED_MEMORY = 60.0  # how long a giver remembers where a session went
 MAX_REDIRECTS = 3
 HOUSEKEEPING_INTERVAL = 2.0
+REMEMBER_FOR = 24 * 3600.0  # how long a session started in a conflict remembers what it got
 PUSH_GRACE_MS = 2000  # a copy held for another owner waits this long for a takeover first
 
 
@@ -88,6 +89,7 @@ class Handoffs:
         self.moved: dict[str, tuple[str, float]] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._pushing: set[str] = set()
+        self._remembered_since: dict[str, float] = {}
         self._incoming: dict[tuple[str, str], tuple[Any, list]] = {}
         self._nursery: trio.Nursery | None = None
         self.stats = HandoffStats()
@@ -114,6 +116,10 @@ class Handoffs:
             if now - at > MOVED_MEMORY:
                 del self.moved[cid]
         self.register.prune(int(now * 1000))
+        for cid, since in list(self._remembered_since.items()):
+            if now - since > REMEMBER_FOR or cid not in self.broker.sessions:
+                del self._remembered_since[cid]
+                self.broker.remembered.pop(cid, None)
 
     # ------------------------------------------------------------ ownership
 
@@ -208,6 +214,10 @@ class Handoffs:
 
     def _fallback(self, client_id: str, owner: str, why: str) -> None:
         self.stats.failed += 1
+        # The owner's copy will be merged into this session later: remember what this
+        # one is given meanwhile, so the merge does not deliver it twice.
+        self.broker.remembered.setdefault(client_id, set())
+        self._remembered_since[client_id] = time.time()
         have = client_id in self.broker.sessions
         log.warning("session %s: cannot take it over from %s (%s); going on with %s", client_id, owner, why,
                     "the copy held here" if have else "a new session")
