@@ -678,8 +678,10 @@ class Swim:
     def _probe_failed(self, probe: _Probe, now: float) -> None:
         self.stats.probe_failures += 1
         if probe.expected_nacks > 0:
-            # nacks prove the helpers are up: only missing nacks count against us
-            delta = max(0, probe.expected_nacks - probe.nacks)
+            # nacks prove the helpers are up: only missing nacks count against us,
+            # and one nack already proves our own receive path works (in a netsplit
+            # the helpers across the cut cannot nack; that is not our slowness)
+            delta = 0 if probe.nacks else probe.expected_nacks
         else:
             delta = 1
         self._health_delta(delta)

@@ -188,7 +188,7 @@ class PartitionDetector:
             # it stopped answering: the onset of a new group, or one more of the
             # current group (a group still waiting for suspicions to resolve takes
             # late members too, rather than being lost)
-            if group is not None and now - group.onset > self.window and not group.suspects:
+            if group is not None and now > group.onset + self.window and not group.suspects:
                 out += self._conclude(now)
                 group = self._group
             if group is None:
@@ -205,18 +205,20 @@ class PartitionDetector:
         out: list[PartitionDetected | PartitionHealed] = []
         self._last_tick = now
         group = self._group
-        if group is not None and now - group.onset >= self.window:
+        # compared as the deadline is computed (onset + window), or float rounding
+        # could leave a deadline that never comes due
+        if group is not None and now >= group.onset + self.window:
             out += self._conclude(now)
         for pid in list(self.active):
             p = self.active[pid]
-            if not p.returned and self.give_up_after is not None and now - p.detected_at >= self.give_up_after:
+            if not p.returned and self.give_up_after is not None and now >= p.detected_at + self.give_up_after:
                 self._forget(p)
                 self.expired_total += 1
                 for m in p.remote:
                     self._account(m, self.states.get(m), None)
             elif len(p.returned) == len(p.remote):
                 out.append(self._heal(p, now, frozenset()))
-            elif p.returned and now - p.last_return >= self.heal_grace:
+            elif p.returned and now >= p.last_return + self.heal_grace:
                 # part of the other side came back a while ago, the rest did not
                 out.append(self._heal(p, now, frozenset(p.remote - p.returned.keys())))
         return out
@@ -279,7 +281,7 @@ class PartitionDetector:
         # a member that stops answering just after a detection belongs to it (its
         # probes simply came later); the local side shrinks accordingly
         for p in self.active.values():
-            if now - p.detected_at <= self.window and member in p.local:
+            if now <= p.detected_at + self.window and member in p.local:
                 p.remote.add(member)
                 p.local = p.local - {member}
                 self._where[member] = p

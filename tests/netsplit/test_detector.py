@@ -77,6 +77,18 @@ def test_detection_waits_for_the_window_and_fires_on_tick():
     assert ev.remote == {"n4"} and ev.majority is True
 
 
+def test_a_deadline_is_always_due_when_it_comes():
+    # onset + window rounds below the onset plus the window measured back from it:
+    # ticking at next_deadline() must still conclude (it once looped for ever)
+    d = detector(window=4.0)
+    onset = 7.275713864941367
+    assert d.member_changed("n3", "dead", onset) == []
+    at = d.next_deadline()
+    assert at is not None and at - onset < 4.0
+    (ev,) = d.tick(at)
+    assert ev.remote == {"n3"} and d.next_deadline() != at
+
+
 def test_refuted_suspicion_is_no_partition():
     d = detector()
     assert feed(d, [("n2", "suspect", 1.0), ("n2", "alive", 1.5)]) == []
@@ -174,7 +186,10 @@ def test_invariants_under_any_sequence(steps):
             if d.states.get(m) == "left":
                 assert m not in d.unreachable() and not d.across_partition(m)
         dl = d.next_deadline()
-        assert dl is None or dl >= now or d._group is not None
+        if dl is not None and dl <= now:
+            # a deadline that is due must be settled by a tick at that time
+            d.tick(now)
+            assert d.next_deadline() is None or d.next_deadline() > now
 
 
 @settings(max_examples=100, deadline=None)
