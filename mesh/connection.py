@@ -744,6 +744,8 @@ class ClientConnection:
         if topic.count("/") >= security.settings.max_topic_levels:
             security.limits_hit["max_topic_levels"] += 1
             return ReasonCode.TOPIC_NAME_INVALID
+        if security.refuse_during_netsplit("publish"):
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
         self._refresh_acl()
         if self.acl is not None and not self.acl.can_publish(topic):
             security.denied("publish")
@@ -769,6 +771,8 @@ class ClientConnection:
         if topic_filter not in session.subscriptions and len(session.subscriptions) >= security.settings.max_subscriptions_per_client:
             security.limits_hit["max_subscriptions_per_client"] += 1
             return ReasonCode.QUOTA_EXCEEDED
+        if security.refuse_during_netsplit("subscribe"):
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
         self._refresh_acl()
         if self.acl is not None and not self.acl.can_subscribe(topic_filter):
             security.denied("subscribe")

@@ -13,7 +13,7 @@ import ipaddress
 import logging
 import ssl
 import time
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -58,6 +58,9 @@ class Security:
         self.connection_rate: PerKeyRateLimiter[str] | None = PerKeyRateLimiter(rate, max(1.0, rate)) if rate else None
         self.memory = MemoryGuard(settings.memory_limit or None)
         self.limits_hit = {name: 0 for name in LIMITS}
+        # Set by the node: does this node see a netsplit now (allow_*_during_netsplit)?
+        self.partitioned: Callable[[], bool] = lambda: False
+        self.refused_during_netsplit = {"connect": 0, "subscribe": 0, "publish": 0}
         # Set cluster-wide with `meshd ctl config set acl @FILE`: replaces acl_file.
         self.cluster_acl: Acl | None = None
         self._file_generation = self.acl_file.generation
@@ -90,8 +93,18 @@ class Security:
 
     # ---------------------------------------------------------------- connect
 
+    def refuse_during_netsplit(self, operation: str) -> bool:
+        """allow_<operation>_during_netsplit is off and this node sees a partition."""
+        if getattr(self.settings, f"allow_{operation}_during_netsplit") or not self.partitioned():
+            return False
+        self.refused_during_netsplit[operation] += 1
+        return True
+
     def admit(self, peer_ip: str, connected: int, now: float) -> int | None:
         """Before authentication: a v5 reason code to refuse the connection with, or None."""
+        if self.refuse_during_netsplit("connect"):
+            log.info("refused a connection from %s: netsplit (allow_connect_during_netsplit is off)", peer_ip)
+            return 0x88  # server unavailable
         if connected >= self.settings.max_connections:
             self.limits_hit["max_connections"] += 1
             log.warning("refused a connection from %s: max_connections (%d) reached", peer_ip, self.settings.max_connections)

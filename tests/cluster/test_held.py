@@ -42,3 +42,72 @@ def test_messages_for_an_unreachable_member_are_held_and_replayed(cluster3):
     sub.expect_none(0.5)  # QoS 0 is not held
     c.stop()
     assert "replaying 30 held messages" in c.output()  # they came from C's hold, not a link buffer
+
+
+def test_operations_can_be_refused_during_a_netsplit(tmp_path):
+    """allow_*_during_netsplit off on C: while C sees a partition (A frozen), C answers
+    CONNECT with 0x88, SUBSCRIBE and PUBLISH with 0x83; after the heal, all is accepted."""
+    from tests.support import MeshdProcess, free_port
+    from tests.cluster.test_membership_processes import FAST
+
+    ports = [free_port() for _ in range(3)]
+    strict = ("--no-allow-connect-during-netsplit", "--no-allow-subscribe-during-netsplit",
+              "--no-allow-publish-during-netsplit")
+    nodes = {
+        name: MeshdProcess(str(tmp_path / name), *FAST, "--seed", f"127.0.0.1:{ports[0]}", *(strict if name == "C" else ()),
+                           http=True, gossip_port=ports[i], node_id=name)
+        for i, name in enumerate("ABC")
+    }
+    try:
+        for n in nodes.values():
+            n.start()
+        a, c = nodes["A"], nodes["C"]
+        wait_for(lambda: sum(v == "alive" for v in view(c).values()) == 3, what="C sees 3 alive")
+        early = Client("early", version=5)
+        early.connect(c.port)
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: request_json(c.http_addr, "GET", "/api/v1/cluster")[1]["partitioned"], what="C sees a partition")
+            late = Client("late", version=5)
+            try:
+                late.connect(c.port)
+                raise AssertionError("CONNECT accepted during the netsplit")
+            except ConnectionError as exc:
+                assert "Server unavailable" in str(exc)
+            assert [rc.value for rc in early.subscribe("x/#", 1)] == [0x83]
+            info = early.c.publish("x/y", b"no", qos=1)
+            info.wait_for_publish(5)
+            assert early.published.get(timeout=5)[1].value == 0x83
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        wait_for(lambda: not request_json(c.http_addr, "GET", "/api/v1/cluster")[1]["partitioned"], what="healed")
+        assert [rc.value for rc in early.subscribe("x/#", 1)] == [1]
+        Client("later", version=5).connect(c.port)
+    finally:
+        for n in nodes.values():
+            n.__exit__()
+
+
+def test_held_messages_survive_a_restart_of_the_holder(cluster3):
+    a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
+    sub = Client("held-restart", version=5, clean=False)
+    sub.connect(a.port, expiry=3600)
+    sub.subscribe("kept/#", 1)
+    wait_route(cluster3.values(), "kept/#", {"A"})
+    sub.disconnect()
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: view(c).get("A") == "dead", what="C sees A dead")
+        pub = Client("kept-pub", version=5)
+        pub.connect(c.port)
+        for i in range(10):
+            pub.publish(f"kept/{i}", f"k{i}".encode(), qos=1)
+        pub.disconnect()
+        c.kill()  # no clean shutdown: the held messages must already be on disk
+        c.start()
+        wait_for(lambda: view(c).get("B") == "alive", what="C back in the cluster")
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    flags, _, _ = sub.connect(a.port, expiry=3600)
+    got = sub.expect(10, timeout=30)
+    assert [m.payload for m in got] == [f"k{i}".encode() for i in range(10)]
