@@ -22,7 +22,7 @@ import trio
 
 from session_store.handoff import (
     Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Takeover,
-    delivery_from_wire, image_of, merge_stale, merge_tail, queue_chunk, stored_from_image,
+    delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, stored_from_image,
 )
 from mesh.hlc import HlcTimestamp
 from session_store.ownership import Claim, OwnershipRegister
@@ -216,7 +216,11 @@ class Handoffs:
         self.stats.failed += 1
         # The owner's copy will be merged into this session later: remember what this
         # one is given meanwhile, so the merge does not deliver it twice.
-        self.broker.remembered.setdefault(client_id, set())
+        keys = self.broker.remembered.setdefault(client_id, set())
+        session = self.broker.sessions.get(client_id)
+        if session is not None:  # what it holds now is what it may deliver
+            keys.update(message_key(e.delivery.message) for e in session.inflight.values())
+            keys.update(message_key(d.message) for d in (session.queue if session.queued else ()))
         self._remembered_since[client_id] = time.time()
         have = client_id in self.broker.sessions
         log.warning("session %s: cannot take it over from %s (%s); going on with %s", client_id, owner, why,

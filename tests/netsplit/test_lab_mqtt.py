@@ -5,6 +5,9 @@ arrives, in order, and a client id used on both sides ends with one session."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from tests.netsplit.test_lab_splits import HTTP, N, LabCluster, netlab, wait_for
@@ -110,3 +113,40 @@ def test_both_sides_serve_and_the_heal_delivers_what_was_held(lab):
     logs = {i: (c.base / f"n{i}.log").read_text() for i in range(N)}
     assert "replaying 40 held messages" in logs[2] and "replaying" in logs[4]  # held, not buffered
     assert "merged into n4" in logs[0] or "merged" in logs[4]
+
+
+def test_split_during_a_session_handoff_loses_nothing_acknowledged(lab):
+    c = lab
+    mover = client_on(c, 1, "mover", persistent=True)
+    mover.subscribe("mv/#", 1)
+    wait_for(lambda: all(routes_on(c, i).get("mv/#") == {"n1"} for i in range(N)), 15, "mv/# routed to n1")
+    mover.disconnect()
+    pub = client_on(c, 2, "mv-pub", persistent=False)
+    for i in range(20):
+        pub.publish("mv/x", f"mv:{i}".encode(), qos=1)  # queued on n1
+    moved = Client("mover", version=5, clean=False)
+    moved.c.reconnect_delay_set(min_delay=300, max_delay=300)
+    addr = c.lab.hosts[4].address
+    outcome: dict = {}
+
+    def reconnect() -> None:
+        t0 = time.monotonic()
+        outcome["flags"] = c.lab.in_host(4, lambda: moved.connect(1883, host=addr, expiry=3600))[0]
+        outcome["took"] = time.monotonic() - t0
+
+    t = threading.Thread(target=reconnect)
+    t.start()
+    c.lab.split([3, 4])  # while the takeover of n1's session by n4 runs
+    t.join(15)
+    assert "took" in outcome and outcome["took"] < 10, outcome  # never left hanging
+    moved.subscribe("mv/#", 1)  # a no-op if the session came along, needed if not
+    wait_for(lambda: all(c.sees_dead(i, [0, 1, 2]) for i in (3, 4)), 20, "side B holds side A dead")
+    for i in range(20, 40):
+        pub.publish("mv/x", f"mv:{i}".encode(), qos=1)  # acknowledged on side A during the split
+    c.lab.heal()
+    wait_for(c.one_view, 15, "one view after the heal")
+    want = {f"mv:{i}" for i in range(40)}
+    wait_for(lambda: set(payloads(moved, "mv:")) >= want, 30, "every acknowledged message reached the client")
+    wait_for(lambda: all(routes_on(c, i).get("mv/#") == {"n4"} for i in range(N)), 20, "one session, on n4")
+    fresh = [m.payload.decode() for m in list(moved.messages.queue) if not m.dup]
+    assert len(fresh) == len(set(fresh)), "a message delivered twice without DUP"
