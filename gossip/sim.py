@@ -195,6 +195,11 @@ class Simulation:
         self.detectors: list[PartitionDetector] = []
         self._detect_at: list[float | None] = [None] * n
         out = Path(out_dir) if out_dir is not None else None
+        if out is not None and out.is_dir():
+            # a run's traces replace an earlier run's (the writer appends)
+            for old in out.glob("n*.jsonl*"):
+                if old.name.split(".jsonl")[0] in self.index:
+                    old.unlink()
         for i, name in enumerate(self.names):
             node_rng = random.Random(params.seed * 1_000_003 + i)
             sw = Swim(name, (name, PORT), now=0.0, rng=node_rng, config=self.cfg)
