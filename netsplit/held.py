@@ -29,6 +29,7 @@ class HeldMember:
     filters: frozenset[str]
     since: float
     messages: deque[tuple[int, Message, float]] = field(default_factory=deque)  # (seq, message, held at)
+    returned: bool = False  # reachable again: the routes still route until its own are back
 
 
 class HeldTraffic:
@@ -49,21 +50,35 @@ class HeldTraffic:
     def hold(self, member: str, filters: Iterable[str], now: float) -> bool:
         """The member became unreachable: keep its plain routes.  False if it had none."""
         plain = frozenset(f for f in filters if split_shared(f)[0] is None)
-        if member in self.members:
-            self.release_routes(member)
+        previous = self.members.pop(member, None)
+        if previous is not None:
+            # Lost again before its own routes came back: the held ones still stand.
+            self.release_routes_of(member, previous)
+            plain |= previous.filters
         if not plain:
             return False
-        self.members[member] = HeldMember(plain, now)
+        self.members[member] = HeldMember(plain, previous.since if previous is not None else now)
+        if previous is not None:
+            self.members[member].messages = previous.messages
         for f in plain:
             self.trie.add(f, member)
         return True
 
     def release_routes(self, member: str) -> None:
         held = self.members.get(member)
-        if held is None:
-            return
+        if held is not None:
+            self.release_routes_of(member, held)
+
+    def release_routes_of(self, member: str, held: HeldMember) -> None:
         for f in held.filters:
             self.trie.remove(f, member)
+
+    def settle(self, member: str) -> None:
+        """A member that came back has its own routes again: the held ones go."""
+        held = self.members.get(member)
+        if held is not None and held.returned:
+            self.release_routes_of(member, held)
+            del self.members[member]
 
     def members_for(self, topic: str) -> set[str]:
         if not self.members:
@@ -71,7 +86,9 @@ class HeldTraffic:
         return set(self.trie.match(topic))
 
     def is_held(self, member: str) -> bool:
-        return member in self.members
+        """Unreachable with routes held (not back yet)."""
+        held = self.members.get(member)
+        return held is not None and not held.returned
 
     # ------------------------------------------------------------ messages
 
@@ -95,16 +112,27 @@ class HeldTraffic:
         return seq, dropped
 
     def take(self, member: str) -> list[tuple[int, Message]]:
-        """The member is reachable again: its held routes go, and its held messages are
-        returned in the order they were held, for replay."""
+        """The member is reachable again: its held messages are returned in the order
+        they were held, for replay.  Its held routes stay (marked `returned`) until the
+        caller sees the member's own routes again, so nothing published meanwhile falls
+        between the two."""
+        held = self.members.get(member)
+        if held is None:
+            return []
+        out = [(seq, msg) for seq, msg, _ in held.messages]
+        held.messages.clear()
+        held.returned = True
+        self.replayed += len(out)
+        return out
+
+    def forget(self, member: str) -> list[tuple[int, Message]]:
+        """The member left for good: drop its routes; return what was held for it."""
         held = self.members.pop(member, None)
         if held is None:
             return []
         for f in held.filters:
             self.trie.remove(f, member)
-        out = [(seq, msg) for seq, msg, _ in held.messages]
-        self.replayed += len(out)
-        return out
+        return [(seq, msg) for seq, msg, _ in held.messages]
 
     def expire(self, now: float) -> tuple[list[str], list[tuple[str, int]]]:
         """(members whose hold period ended, with everything they had; (member, seq) of

@@ -43,6 +43,7 @@ ROUTE_FLUSH_DELAY = 0.02  # coalesce route changes made in one burst into one de
 ROUTE_CHUNK_BYTES = 900  # route broadcasts must fit a gossip packet with room to spare
 ANTI_ENTROPY_INTERVAL = 5.0
 HELD_EXPIRY_INTERVAL = 5.0
+RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
 HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
 
@@ -71,6 +72,9 @@ class Cluster:
         self._retained_pulled = False
         self.forwarded_out = 0
         self.forwarded_in = 0
+        self.replay_duplicates = 0
+        # Per peer, identities of the QoS >= 1 messages it forwarded lately (oldest first).
+        self._recent: dict[str, dict[tuple[str | None, int], None]] = {}
         self.malformed_items = 0
         self._shared_next: dict[tuple[str, str], int] = {}
         self._link_serial = 0
@@ -202,7 +206,7 @@ class Cluster:
             return items
         now = time.time()
         for item in items:
-            data, plain, _groups, _keep = item.data
+            data, plain = item.data[0], item.data[1]
             if item.qos and plain:
                 try:
                     msg = records.message_from_map(data)
@@ -219,12 +223,11 @@ class Cluster:
         link = self._link(member)
         for seq, msg in held:
             # Ahead of anything new for it: the replay keeps each publisher's order.
-            link.enqueue(LinkItem([records.message_map(msg), True, [], False], msg.qos, None, seq))
+            link.enqueue(LinkItem([records.message_map(msg), True, [], False, True], msg.qos, None, seq))
         log.warning("member %s is back: replaying %d held messages", member, len(held))
 
     def _forget_held(self, member: str) -> None:
-        held = self.held.take(member)
-        self.held.replayed -= len(held)
+        held = self.held.forget(member)
         store = self.broker.store
         store.delete_meta(f"{HELD_ROUTES}{member}")
         for seq, _ in held:
@@ -261,6 +264,8 @@ class Cluster:
     async def _expire_held(self) -> None:
         while True:
             await trio.sleep(HELD_EXPIRY_INTERVAL)
+            for member in [m for m, h in self.held.members.items() if h.returned and m in self.table.remote]:
+                self.held.settle(member)
             gone, aged = self.held.expire(time.time())
             store = self.broker.store
             for member in gone:
@@ -359,10 +364,17 @@ class Cluster:
     def forward(self, msg: "Message", targets: dict[str, list], gate: AckGate | None) -> None:
         """Send `msg` to each target node once: targets[node] = [plain, groups, keep_retained];
         and hold it for unreachable members whose held routes match."""
-        if msg.qos and self.held.members:
+        if self.held.members:
             now = time.time()
             for member in self.held.members_for(msg.topic):
-                self._hold(member, msg, now)
+                if not self.held.members[member].returned:
+                    if msg.qos:
+                        self._hold(member, msg, now)
+                elif member in self.table.remote:
+                    self.held.settle(member)  # its own routes are back
+                elif member not in targets:
+                    # Back, but its routes are not here yet: the held ones still route.
+                    targets[member] = [True, [], False]
         if not targets:
             return
         data = records.message_map(msg)
@@ -445,14 +457,27 @@ class Cluster:
 
     def _take_batch(self, peer: str, items: list[list]) -> None:
         now = time.time()
+        recent = self._recent.get(peer)
+        if recent is None:
+            recent = self._recent[peer] = {}
         for item in items:
             try:
-                data, plain, groups, keep_retained = item
+                data, plain, groups, keep_retained, *replay = item
                 msg = records.message_from_map(data)
                 groups = [(str(g), str(f)) for g, f in groups]
             except (records.RecordError, TypeError, ValueError):
                 self.malformed_items += 1
                 continue
+            if msg.qos:
+                # A held message replayed after a split may have arrived once already
+                # (its batch was taken here but the ack was cut off): take it once.
+                key = (msg.origin, msg.msg_id)
+                if replay and key in recent:
+                    self.replay_duplicates += 1
+                    continue
+                recent[key] = None
+                if len(recent) > RECENT_PER_PEER:
+                    del recent[next(iter(recent))]
             self.forwarded_in += 1
             self.broker.publish_remote(msg, now, plain=bool(plain), groups=groups, keep_retained=bool(keep_retained))
 

@@ -31,7 +31,20 @@ def test_messages_are_bounded_oldest_first_and_replayed_in_order():
     replay = h.take("M")
     assert [m.msg_id for _, m in replay] == [2, 3, 4]
     assert [s for s, _ in replay] == seqs[2:]
-    assert h.members_for("a/b") == set() and not h.is_held("M")
+    # Back: nothing is held any more, but the routes still route until its own are known.
+    assert not h.is_held("M") and h.members_for("a/b") == {"M"}
+    h.settle("M")
+    assert h.members_for("a/b") == set() and "M" not in h.members
+
+
+def test_lost_again_before_its_routes_came_back_keeps_the_held_routes():
+    h = HeldTraffic(hold_period=100, max_messages=10, max_age=50)
+    h.hold("M", ["a/#"], now=0)
+    h.take("M")
+    assert h.hold("M", [], now=5)  # no routes known for it now: the held ones stand
+    assert h.is_held("M") and h.members_for("a/b") == {"M"}
+    h.add("M", msg(1), now=6)
+    assert [m.msg_id for _, m in h.take("M")] == [1]
 
 
 def test_age_and_hold_period_expire():

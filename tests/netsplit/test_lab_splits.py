@@ -42,9 +42,10 @@ FIGURES: dict[str, Any] = {}
 
 
 class LabCluster:
-    def __init__(self, lab: Any, base: Path) -> None:
+    def __init__(self, lab: Any, base: Path, extra: tuple[str, ...] = ()) -> None:
         self.lab = lab
         self.base = base
+        self.extra = extra  # more meshd flags for every node
         self.procs: list[subprocess.Popen[Any]] = []
 
     def start(self) -> None:
@@ -55,7 +56,7 @@ class LabCluster:
                 sys.executable, "-m", "mesh.cli", "--node-id", f"n{i}", "--data-dir", str(self.base / f"n{i}"),
                 "--mqtt", f"{host.address}:1883", "--ws", "off", "--http", HTTP, "--gossip", f"{host.address}:7946",
                 "--gossip-preset", "local", "--no-mdns", "--sys-interval", "0", "--log-level", "info",
-            ] + (["--seed", seed] if i else [])
+            ] + (["--seed", seed] if i else []) + list(self.extra)
             self.procs.append(self.lab.popen(i, argv, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env=subprocess_env()))
 
     def stop(self) -> None:
