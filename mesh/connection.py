@@ -1,12 +1,23 @@
 """One MQTT client connection: the Trio shell around the codec and the broker.
 
-One task per idle connection and no task per message: the reader decodes packets and
-handles each synchronously (the broker never awaits); handlers append encoded bytes to
-this connection's outbox. The first write into an empty outbox starts a writer task (in
-the node's connection nursery) that flushes the whole outbox in one `send_all` per
-round, which coalesces writes per scheduler tick, and ends once the outbox is empty: an
-idle connection costs one task, one cancel scope (connect timeout, then keep alive)
-and no Event.
+No task per message, and none for an idle plain-TCP client: such a connection waits
+in the node's `ParkingLot` (one epoll set for all of them, `mesh/parking.py`) and costs
+its objects only (this one, its socket, decoder and session). Its CONNECT is usually
+answered right there, synchronously, with no task at all (`on_readable`). Otherwise,
+and whenever a parked client sends, the connection gets one reader task (`run`) that
+decodes packets and handles each synchronously (the broker never awaits), and parks
+the connection again once nothing was read for `PARK_AFTER` seconds. TLS and WebSocket
+clients keep their reader task for life.
+
+Handlers append encoded bytes to this connection's outbox. The first write into an
+empty outbox starts a writer task (in the node's connection nursery) that flushes the
+whole outbox in one `send_all` per round, which coalesces writes per scheduler tick,
+and ends once the outbox is empty.
+
+Deadlines: `_deadline` (Trio clock) is the read side's one deadline: the CONNECT
+timeout, then keep alive, pushed forward on every read. The reader's cancel scope is
+not moved per read: when it fires, the reader looks at `_deadline` and either times
+out, parks the connection (idle) or carries on in a fresh scope.
 
 Back-pressure: QoS 1/2 deliveries beyond the inflight window wait in the session queue
 (bounded by `max_queued_messages`); QoS 0 deliveries are dropped, and counted, while
@@ -54,6 +65,7 @@ from mesh.mqtt import (
 from mesh.mqtt.encoder import encode_plain_publish
 from mesh.acl import ClientAcl
 from mesh.limits import TokenBucket
+from mesh.parking import ParkingLot
 from routing.links import AckGate
 from session_store.model import Delivery, Session
 
@@ -66,6 +78,10 @@ log = logging.getLogger("meshd.connection")
 OUTBOX_LIMIT = 4 * 1024 * 1024
 READ_SIZE = 65536
 FLUSH_ON_CLOSE_TIMEOUT = 2.0
+# A parkable reader that read nothing for this long gives up its task. Long enough that
+# a busy client never churns between task and lot, short enough that idle ones do not
+# hold a task for long.
+PARK_AFTER = 1.0
 
 
 class ByteStream(Protocol):
@@ -88,6 +104,29 @@ class SocketByteStream:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def receive_nowait(self, max_bytes: int = READ_SIZE) -> bytes | None:
+        """Whatever the socket has now (b"" at EOF), None when nothing; no checkpoint."""
+        sock = self._sock
+        try:
+            return sock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise _stream_error(sock, exc) from exc
+
+    def send_nowait(self, data: bytes) -> int:
+        """Send what the socket takes now; how many bytes that was. No checkpoint."""
+        sock = self._sock
+        try:
+            return sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _stream_error(sock, exc) from exc
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         sock = self._sock
@@ -152,11 +191,12 @@ class ClientConnection:
         "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_writing",
         "_outbox", "_outbox_bytes", "_writer_done", "_spawn", "_reader_scope", "request_problem_info",
         "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay", "acl_generation",
+        "_lot", "_deadline", "_heap_at", "_idle_since", "_connect_packet",
     )
 
     def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0,
                  security: "Security | None" = None, peer_ip: str = "", cert_cn: str | None = None,
-                 nursery: trio.Nursery | None = None) -> None:
+                 nursery: trio.Nursery | None = None, lot: ParkingLot | None = None) -> None:
         self.broker = broker
         self.stream = stream
         self.peer = peer
@@ -196,6 +236,12 @@ class ClientConnection:
         self._reader_scope: trio.CancelScope | None = None
         # Acks waiting for a sync or a remote node; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, Any]] | None = None
+        # Parking (plain TCP in a node only: the stream must be a SocketByteStream).
+        self._lot = lot
+        self._deadline = math.inf  # CONNECT timeout, then keep alive (Trio clock)
+        self._heap_at = math.inf  # owned by the lot
+        self._idle_since = -math.inf  # Trio time of the last read
+        self._connect_packet: Connect | None = None  # decoded while parked, for run()
 
     # ---------------------------------------------------------------- output
 
@@ -218,7 +264,9 @@ class ClientConnection:
         self.close_reason = reason
         if reason is not None and self.protocol_level == 5 and self.session is not None:
             self.send(Disconnect(reason_code=reason))
-        if self._reader_scope is not None:
+        if self._lot is not None and self._lot.unpark(self):
+            self._start()  # a task to say goodbye and close the socket
+        elif self._reader_scope is not None:
             self._reader_scope.cancel()
 
     def take_will(self) -> Any:
@@ -335,77 +383,240 @@ class ClientConnection:
                 self._send_publish(entry.delivery, pid, True, now, None)
         self._fill_window(now)
 
+    # --------------------------------------------------------------- parking
+
+    def fileno(self) -> int:
+        return self.stream.fileno()  # type: ignore[attr-defined]
+
+    def park_new(self) -> None:
+        """A just-accepted connection: wait in the lot for its CONNECT."""
+        assert self._lot is not None
+        self._deadline = trio.current_time() + self.connect_timeout
+        if not self._lot.park(self):
+            self._start()
+
+    def _start(self) -> None:
+        assert self._spawn is not None
+        self._spawn(self.run)
+
+    def on_readable(self) -> None:
+        """The lot: bytes (or EOF) arrived for this parked connection."""
+        if self.session is None and not self.closing:
+            try:
+                if self._connect_inline():
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closing = True  # reset by the peer: the task closes the socket
+            except Exception:
+                log.exception("%s: CONNECT failed", self.peer)
+                self.closing = True
+        self._idle_since = trio.current_time()  # active now: the task reads for PARK_AFTER at least
+        self._start()
+
+    def on_deadline(self) -> None:
+        """The lot: the CONNECT timeout or keep alive ran out while parked."""
+        self._start()  # the task finds its deadline passed and says why
+
+    def on_lot_closed(self) -> None:
+        """The node stops: a connection still parked (no CONNECT yet) is closed."""
+        self.close()
+        self._start()
+
+    def _connect_inline(self) -> bool:
+        """Answer a CONNECT from the lot with no task when nothing in it needs to wait;
+        True when done (parked again or handed to a writer), False when `run` must go on."""
+        lot = self._lot
+        stream = self.stream
+        assert lot is not None and isinstance(stream, SocketByteStream)
+        data = stream.receive_nowait(READ_SIZE)
+        if data is None:
+            return lot.park(self)  # woken for nothing
+        if not data:
+            return False  # EOF: the task ends the connection
+        self.broker.stats.bytes_in += len(data)
+        decoder = self.decoder
+        try:
+            decoder.feed(data)
+            packet = decoder.next_packet()
+        except MQTTError as exc:
+            self._answer_bad_connect(exc)
+            self.closing = True
+            return False
+        if packet is None:
+            return lot.park(self)  # the rest of the CONNECT is on its way
+        if type(packet) is not Connect:
+            log.info("%s: first packet was not CONNECT; closing", self.peer)
+            self.closing = True
+            return False
+        if not self._can_connect_now(packet):
+            self._connect_packet = packet
+            return False
+        self._writing = True  # hold writes: they leave below, in one send, without a writer task
+        try:
+            if not self._handle_connect_now(packet, time.time()):
+                self.closing = True
+            elif self._handle_buffered():  # packets that came with the CONNECT
+                self.closing = True
+        finally:
+            self._writing = False
+        if self.closing:
+            return False  # the task flushes what is in the outbox, then closes
+        if not self._flush_now():
+            self.closing = True
+            return False
+        if self._rate_delay:
+            return False
+        now = trio.current_time()
+        self._idle_since = now
+        self._deadline = now + self.keep_alive * 1.5 if self.keep_alive else math.inf
+        return lot.park(self)
+
+    def _flush_now(self) -> bool:
+        """Send the outbox from here as far as the socket takes it now; a writer task
+        sends the rest. False when the connection is broken."""
+        outbox = self._outbox
+        if not outbox or self._writing:
+            return True
+        data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+        outbox.clear()
+        self._outbox_bytes = 0
+        try:
+            sent = self.stream.send_nowait(data)  # type: ignore[attr-defined]
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("%s: send failed: %s", self.peer, exc)
+            return False
+        self.broker.stats.bytes_out += sent
+        if sent < len(data):
+            self.write(data[sent:])
+        return True
+
+    def _can_connect_now(self, c: Connect) -> bool:
+        """Whether `_handle_connect` would never wait for this CONNECT: no password hash
+        to check (a thread), no session to claim or fetch from another node."""
+        security = self.security
+        if security is not None and security.needs_hashing(c.username):
+            return False
+        cluster = self.broker.cluster
+        if cluster is None:
+            return True
+        persistent = (c.properties.session_expiry_interval or 0) > 0 if c.protocol_level == 5 else not c.clean_start
+        return _handoff_is_noop(getattr(cluster, "handoffs", None), c.client_id, c.clean_start, persistent)
+
     # ------------------------------------------------------------------- run
 
     async def run(self) -> None:
+        """The connection's reader task: from CONNECT (unless answered while parked)
+        until it ends, or until it parks (idle, plain TCP in a node)."""
         if self._spawn is None:
             # No nursery given: writers run in a nursery of our own.
             async with trio.open_nursery() as nursery:
                 self._spawn = nursery.start_soon
                 await self.run()
             return
+        parked = False
         try:
-            # One cancel scope for the whole read side: the CONNECT deadline first
-            # (MQTT-3.1.0-1), then the keep-alive deadline; close() cancels it.
-            with trio.CancelScope(deadline=trio.current_time() + self.connect_timeout) as scope:
-                self._reader_scope = scope
-                connect = await self._read_connect()
-                if connect is None:
-                    return
-                scope.deadline = math.inf
-                if not await self._handle_connect(connect, time.time()):
-                    return
-                connect = None  # not kept alive by this frame for the connection's lifetime
-                # The read loop, inline: one frame less per idle connection.
-                decoder = self.decoder
-                stats = self.broker.stats
-                receive = self.stream.receive_some
-                grace = self.keep_alive * 1.5
-                # Packets that arrived together with CONNECT.
-                if self._handle_buffered():
-                    return
-                # One keep-alive deadline pushed forward on every read (MQTT-3.1.2-22),
-                # not a cancel scope per read.
-                if grace:
-                    scope.deadline = trio.current_time() + grace
-                while True:
-                    data = await receive(READ_SIZE)
-                    if not data:
-                        return
-                    stats.bytes_in += len(data)
-                    if grace:
-                        scope.deadline = trio.current_time() + grace
-                    try:
-                        decoder.feed(data)
-                    except MQTTError as exc:
-                        self._protocol_violation(exc)
-                        return
+            if self.closing:
+                return  # closed (or broken) while parked or before the task ran
+            if self.session is None and self._connect_packet is None and self._deadline == math.inf:
+                self._deadline = trio.current_time() + self.connect_timeout  # MQTT-3.1.0-1
+            while True:
+                with trio.CancelScope(deadline=self._scope_deadline()) as scope:
+                    self._reader_scope = scope
+                    if self.session is None:
+                        connect, self._connect_packet = self._connect_packet, None
+                        if connect is None:
+                            connect = await self._read_connect()
+                            if connect is None:
+                                return
+                        scope.deadline = self._deadline = math.inf
+                        if not await self._handle_connect(connect, time.time()):
+                            return
+                        connect = None  # not kept alive by this frame for the connection's lifetime
+                        now = trio.current_time()
+                        self._idle_since = now
+                        if self.keep_alive:
+                            self._deadline = now + self.keep_alive * 1.5
+                        scope.deadline = self._scope_deadline()
+                    # Packets that arrived together with CONNECT, or were read while parked.
                     if self._handle_buffered():
                         return
-                    if self._rate_delay:
-                        # publish_rate: read nothing more from this client until the
-                        # PUBLISH that went over the rate has earned its token.
-                        delay, self._rate_delay = self._rate_delay, 0.0
-                        await trio.sleep(delay)
-                        assert self._publish_bucket is not None
-                        self._publish_bucket.take(time.time())
-            if scope.cancelled_caught and not self.closing:
-                if self.session is None:
-                    log.info("%s: no CONNECT within %.0f s; closing", self.peer, self.connect_timeout)
-                else:
-                    log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, self.keep_alive * 1.5)
-                    self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+                    await self._read_loop()
+                    return
+                self._reader_scope = None
+                if self.closing:
+                    return
+                now = trio.current_time()
+                if now >= self._deadline:
+                    if self.session is None:
+                        log.info("%s: no CONNECT within %.0f s; closing", self.peer, self.connect_timeout)
+                    else:
+                        log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, self.keep_alive * 1.5)
+                        self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+                    return
+                lot = self._lot
+                if lot is not None and now - self._idle_since >= PARK_AFTER and self._pending_ok() and lot.park(self):
+                    parked = True
+                    return
+                # Not due, not idle (or the lot is closed): read on in a fresh scope.
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("%s: connection lost: %s", self.peer, group.exceptions[0])
         except* Exception:
             # A bug in one connection must not take the listener (or the node) down.
             log.exception("%s: connection failed", self.peer)
         finally:
-            with trio.CancelScope(shield=True):
-                if self.session is not None:
-                    self.broker.connection_lost(self, time.time(), publish_will=True)
-                await self._final_flush()
-                await self.stream.aclose()
+            self._reader_scope = None
+            if not parked:
+                with trio.CancelScope(shield=True):
+                    if self.session is not None:
+                        self.broker.connection_lost(self, time.time(), publish_will=True)
+                    await self._final_flush()
+                    await self.stream.aclose()
+
+    def _scope_deadline(self) -> float:
+        """When the reader's scope fires: its deadline, or when it may park (if idle)."""
+        lot = self._lot
+        if lot is None or lot.stopped or self.session is None:
+            return self._deadline
+        return min(self._deadline, self._idle_since + PARK_AFTER)
+
+    def _pending_ok(self) -> bool:
+        """Nothing that only the reader task finishes (a publish_rate pause)."""
+        return not self._rate_delay
+
+    async def _read_loop(self) -> None:
+        """Read and handle packets until the connection ends. The scope around it may
+        fire meanwhile (see `run`): nothing read is lost then, as a read is a checkpoint
+        only before the bytes are taken."""
+        decoder = self.decoder
+        stats = self.broker.stats
+        receive = self.stream.receive_some
+        grace = self.keep_alive * 1.5
+        track = bool(grace) or self._lot is not None
+        while True:
+            if self._rate_delay:
+                # publish_rate: read nothing more from this client until the PUBLISH
+                # that went over the rate has earned its token.
+                await trio.sleep(self._rate_delay)
+                self._rate_delay = 0.0
+                assert self._publish_bucket is not None
+                self._publish_bucket.take(time.time())
+            data = await receive(READ_SIZE)
+            if not data:
+                return
+            stats.bytes_in += len(data)
+            if track:
+                # MQTT-3.1.2-22: keep alive counts from the last packet received.
+                now = trio.current_time()
+                self._idle_since = now
+                if grace:
+                    self._deadline = now + grace
+            try:
+                decoder.feed(data)
+            except MQTTError as exc:
+                self._protocol_violation(exc)
+                return
+            if self._handle_buffered():
+                return
 
     async def _read_connect(self) -> Connect | None:
         """First packet must be CONNECT (within the caller's deadline)."""
@@ -438,21 +649,95 @@ class ClientConnection:
             self.protocol_level = 5
             self.send(Connack(reason_code=exc.reason_code))
 
-    async def _authorize(self, c: Connect, client_id: str) -> bool:
-        """Admission, authentication and the will's ACL check; answers CONNACK itself
-        when it refuses (MQTT-3.2.2-7 reason codes; v3 return codes by the encoder)."""
+    # --------------------------------------------------------------- CONNECT
+
+    async def _handle_connect(self, c: Connect, now: float) -> bool:
+        """CONNECT to CONNACK: False when refused (CONNACK with the reason is sent)."""
+        ids = self._connect_prologue(c)
+        if ids is None:
+            return False
+        client_id, assigned = ids
         security = self.security
-        if security is None:
-            return True
+        if security is not None:
+            if not self._admit():
+                return False
+            if security.needs_hashing(c.username):
+                # scrypt costs ~0.1 s of CPU: never on the Trio thread.
+                result = await trio.to_thread.run_sync(security.authenticate, c.username, c.password, self.peer_ip, self.cert_cn)
+            else:
+                result = security.authenticate(c.username, c.password, self.peer_ip, self.cert_cn)
+            if not self._accept_auth(c, client_id, result):
+                return False
+        if not self._accept_will(c):
+            return False
+        cluster = self.broker.cluster
+        if cluster is not None:
+            # Claim the client id cluster-wide; take the session over from the node
+            # that holds it (bounded by the handoff budget, below the CONNECT timeout).
+            persistent = (c.properties.session_expiry_interval or 0) > 0 if c.protocol_level == 5 else not c.clean_start
+            outcome = await cluster.handoffs.prepare_connect(client_id, c.clean_start, persistent)
+            if outcome == "superseded":
+                # A newer CONNECT for this id won elsewhere: this one is taken over.
+                self.send(Connack(session_present=False, reason_code=ReasonCode.SUCCESS))
+                if c.protocol_level == 5:
+                    self.send(Disconnect(reason_code=ReasonCode.SESSION_TAKEN_OVER))
+                self.closing = True
+                return False
+            now = time.time()
+        self._open_session(c, client_id, assigned, now)
+        return True
+
+    def _handle_connect_now(self, c: Connect, now: float) -> bool:
+        """`_handle_connect` for a CONNECT that `_can_connect_now` cleared: no await."""
+        ids = self._connect_prologue(c)
+        if ids is None:
+            return False
+        client_id, assigned = ids
+        security = self.security
+        if security is not None:
+            if not self._admit():
+                return False
+            if not self._accept_auth(c, client_id, security.authenticate(c.username, c.password, self.peer_ip, self.cert_cn)):
+                return False
+        if not self._accept_will(c):
+            return False
+        self._open_session(c, client_id, assigned, now)
+        return True
+
+    def _connect_prologue(self, c: Connect) -> tuple[str, str | None] | None:
+        """The client id (assigned when empty and allowed) and whether it was assigned;
+        None when refused."""
+        level = c.protocol_level
+        self.protocol_level = level
+        client_id = c.client_id
+        assigned = None
+        if not client_id:
+            if level == 5 or (level == 4 and c.clean_start):
+                client_id = assigned = self.broker.assign_client_id()
+            else:
+                self.send(Connack(reason_code=ReasonCode.CLIENT_IDENTIFIER_NOT_VALID))
+                return None
+        if level == 5 and c.properties.authentication_method is not None:
+            self.send(Connack(reason_code=ReasonCode.BAD_AUTHENTICATION_METHOD))
+            return None
+        self.client_id = client_id
+        self.username = c.username
+        return client_id, assigned
+
+    def _admit(self) -> bool:
+        """Connection limits (MQTT-3.2.2-7 reason codes; v3 return codes by the encoder)."""
+        security = self.security
+        assert security is not None
         refusal = security.admit(self.peer_ip, self.broker.client_count(), time.monotonic())
         if refusal is not None:
             self.send(Connack(reason_code=refusal))
             return False
-        if security.needs_hashing(c.username):
-            # scrypt costs ~0.1 s of CPU: never on the Trio thread.
-            result = await trio.to_thread.run_sync(security.authenticate, c.username, c.password, self.peer_ip, self.cert_cn)
-        else:
-            result = security.authenticate(c.username, c.password, self.peer_ip, self.cert_cn)
+        return True
+
+    def _accept_auth(self, c: Connect, client_id: str, result: Any) -> bool:
+        """Authentication's verdict, then the client's ACL and the will's check against it."""
+        security = self.security
+        assert security is not None
         if not result.ok:
             self.send(Connack(reason_code=result.reason_code))
             return False
@@ -467,31 +752,18 @@ class ClientConnection:
             return False
         return True
 
-    async def _handle_connect(self, c: Connect, now: float) -> bool:
-        limits = self.broker.limits
-        level = c.protocol_level
-        self.protocol_level = level
-        props = c.properties
-        client_id = c.client_id
-        assigned = None
-        if not client_id:
-            if level == 5 or (level == 4 and c.clean_start):
-                client_id = assigned = self.broker.assign_client_id()
-            else:
-                self.send(Connack(reason_code=ReasonCode.CLIENT_IDENTIFIER_NOT_VALID))
-                return False
-        if level == 5 and props.authentication_method is not None:
-            self.send(Connack(reason_code=ReasonCode.BAD_AUTHENTICATION_METHOD))
-            return False
-        self.client_id = client_id
-        self.username = c.username
-        if not await self._authorize(c, client_id):
-            return False
+    def _accept_will(self, c: Connect) -> bool:
         self.will = c.will
-        if c.will is not None and c.will.retain and not limits.retain_available:
+        if c.will is not None and c.will.retain and not self.broker.limits.retain_available:
             self.send(Connack(reason_code=ReasonCode.RETAIN_NOT_SUPPORTED))
             return False
+        return True
 
+    def _open_session(self, c: Connect, client_id: str, assigned: str | None, now: float) -> None:
+        """Keep alive and v5 limits, the session, CONNACK, and a resumed session's backlog."""
+        limits = self.broker.limits
+        level = c.protocol_level
+        props = c.properties
         keep_alive = c.keep_alive
         server_keep_alive = None
         if level == 5 and limits.max_keepalive < 65535 and (keep_alive == 0 or keep_alive > limits.max_keepalive):
@@ -508,20 +780,6 @@ class ClientConnection:
             if props.request_problem_information == 0:
                 self.request_problem_info = False
 
-        cluster = self.broker.cluster
-        if cluster is not None:
-            # Claim the client id cluster-wide; take the session over from the node
-            # that holds it (bounded by the handoff budget, below the CONNECT timeout).
-            persistent = (props.session_expiry_interval or 0) > 0 if level == 5 else not c.clean_start
-            outcome = await cluster.handoffs.prepare_connect(client_id, c.clean_start, persistent)
-            if outcome == "superseded":
-                # A newer CONNECT for this id won elsewhere: this one is taken over.
-                self.send(Connack(session_present=False, reason_code=ReasonCode.SUCCESS))
-                if level == 5:
-                    self.send(Disconnect(reason_code=ReasonCode.SESSION_TAKEN_OVER))
-                self.closing = True
-                return False
-            now = time.time()
         session, present = self.broker.open_session(self, c, client_id, now)
         self.session = session
 
@@ -545,7 +803,6 @@ class ClientConnection:
         log.debug("%s: %s connected (v%d, %s, session present=%s)", self.peer, client_id, level, self.transport, present)
         if present:
             self._resume(now)
-        return True
 
     def _handle_buffered(self) -> bool:
         """Handle every complete packet in the decoder; True when the connection must end."""
@@ -866,3 +1123,16 @@ _LIMIT_BY_REASON = {
 
 def _error(code: int, message: str) -> MQTTError:
     return RemoteProtocolError(message, code)
+
+
+def _handoff_is_noop(handoffs: Any, client_id: str, clean_start: bool, persistent: bool) -> bool:
+    """Whether `handoffs.prepare_connect` would return 'ok' at once, changing nothing:
+    a clean session on a node with no live peer and no CONNECT for the same id under
+    way (its lock). Mirrors the first test of `Handoffs._prepare`; a public predicate
+    there would be better (asked for)."""
+    if handoffs is None:
+        return False
+    try:
+        return not persistent and clean_start and client_id not in handoffs._locks and not handoffs._peers()
+    except AttributeError:
+        return False

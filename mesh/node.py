@@ -31,6 +31,7 @@ from mesh import __version__
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
 from mesh.connection import ClientConnection, SocketByteStream
+from mesh.parking import ParkingLot
 from mesh.mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
@@ -55,6 +56,7 @@ def _bind_error(key: str, addr: HostPort, exc: OSError) -> ConfigError:
 
 
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+ACCEPT_BATCH = 64
 
 
 def _first_oserror(exc: BaseException) -> OSError | None:
@@ -122,6 +124,7 @@ class Node:
         self._timer_wake = trio.Event()
         self.broker.on_timer_change = self._timer_wake.set
         self._connections: trio.Nursery | None = None  # set by serve(): every client task runs here
+        self._lot: ParkingLot | None = None  # set by serve(): idle plain-TCP clients wait here
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -133,7 +136,9 @@ class Node:
         s = self.settings
         async with trio.open_nursery() as connections:
             self._connections = connections
+            lot = self._lot = ParkingLot()
             async with trio.open_nursery() as services:
+                services.start_soon(lot.run)
                 self.ports["gossip"] = await self._start_gossip(services, s.gossip)
                 await services.start(self.cluster.run)
                 services.start_soon(self.partitions.run)
@@ -174,6 +179,8 @@ class Node:
                 services.cancel_scope.cancel()
             clients = self.broker.client_count()
             self.broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
+            for conn in lot.stop():  # parked before their CONNECT
+                conn.on_lot_closed()
             log.info("disconnected %d clients (0x8B server shutting down)", clients)
             connections.cancel_scope.deadline = trio.current_time() + s.shutdown_timeout
         with trio.CancelScope(shield=True):
@@ -194,38 +201,47 @@ class Node:
                 nursery.start_soon(self._accept_tcp, listener, connections)
 
     async def _accept_tcp(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
-        """trio.serve_listeners without its per-connection wrapper task frame: each
-        client is one `ClientConnection.run` task in the connections nursery."""
+        """trio.serve_listeners without a task per connection: each client is a bare
+        socket.socket in a SocketByteStream, parked in the lot until its CONNECT comes
+        (answered there, usually, with no task at all)."""
         settings = self.settings
+        lot = self._lot
+        assert lot is not None
         async with listener:
-            # Accept on a plain socket (a dup of the listener's): each client is a bare
-            # socket.socket in a SocketByteStream, not a trio socket and SocketStream.
+            # Accept on a plain socket (a dup of the listener's), up to ACCEPT_BATCH
+            # clients per wake-up: one trip through the scheduler per batch, not per client.
             raw = socket.socket(fileno=os.dup(listener.socket.fileno()))
             raw.setblocking(False)
+            accept = raw.accept
+            broker = self.broker
+            security = self.security
+            timeout = settings.connect_timeout
             try:
                 while True:
-                    await trio.lowlevel.checkpoint_if_cancelled()
-                    try:
-                        sock, addr = raw.accept()
-                    except BlockingIOError:
-                        await trio.lowlevel.wait_readable(raw)
-                        continue
-                    except OSError as exc:
-                        if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                            raise
-                        # Out of file descriptors or memory: wait for some to free, as trio does.
-                        log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno))
-                        await trio.sleep(0.1)
-                        continue
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    if sock.family in (socket.AF_INET, socket.AF_INET6):
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    host = str(addr[0]) if isinstance(addr, tuple) else ""
-                    peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
-                    conn = ClientConnection(self.broker, SocketByteStream(sock), peer, "tcp",
-                                            connect_timeout=settings.connect_timeout,
-                                            security=self.security, peer_ip=host, nursery=connections)
-                    connections.start_soon(conn.run)
+                    await trio.lowlevel.checkpoint()
+                    for _ in range(ACCEPT_BATCH):
+                        try:
+                            sock, addr = accept()
+                        except BlockingIOError:
+                            break
+                        except OSError as exc:
+                            if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                                raise
+                            # Out of file descriptors or memory: wait for some to free, as trio does.
+                            log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno))
+                            await trio.sleep(0.1)
+                            break
+                        if sock.family in (socket.AF_INET, socket.AF_INET6):
+                            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        host = str(addr[0]) if isinstance(addr, tuple) else ""
+                        peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
+                        conn = ClientConnection(broker, SocketByteStream(sock), peer, "tcp",
+                                                connect_timeout=timeout, security=security, peer_ip=host,
+                                                nursery=connections, lot=lot)
+                        conn.park_new()
+                    else:
+                        continue  # a full batch: more may be waiting
+                    await trio.lowlevel.wait_readable(raw)
             finally:
                 raw.close()
 

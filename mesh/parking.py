@@ -1,0 +1,142 @@
+"""Idle plain-TCP connections wait here, with no task of their own.
+
+A connected MQTT client is idle nearly all of its life. One Trio task per idle client
+costs ~4 KB (the task, its coroutine frames, a cancel scope, trio's epoll waiter
+records); Mosquitto pays ~0.7 KB per client. So an idle connection is *parked*: its
+socket sits in one `epoll` set of our own (one-shot, re-armed on every park), its read
+deadline (CONNECT timeout, then keep alive) in one heap, and one task (`run`) waits on
+the epoll descriptor for all of them. When bytes arrive, or a deadline passes, the
+connection is unparked and handed back (`on_readable` / `on_deadline`): it answers
+synchronously when it can (a CONNECT, usually) or starts its task, which parks it again
+once it has been idle for a while.
+
+The lot knows nothing about MQTT: a parked thing needs `fileno()`, a `_deadline` (Trio
+clock, `inf` for none), a `_heap_at` slot the lot owns, and the two callbacks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import select
+from typing import Protocol
+
+import trio
+
+_ARM = select.EPOLLIN | select.EPOLLONESHOT
+_MAX_EVENTS = 512
+
+
+class Parkable(Protocol):
+    _deadline: float
+    _heap_at: float
+
+    def fileno(self) -> int: ...
+    def on_readable(self) -> None: ...
+    def on_deadline(self) -> None: ...
+
+
+class ParkingLot:
+    """Parked connections by file descriptor, and one heap of their deadlines."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._parked: dict[int, Parkable] = {}
+        # (deadline, tie-break, conn); at most one live entry per conn: the one whose
+        # deadline equals conn._heap_at (later deadlines are re-pushed when popped).
+        self._heap: list[tuple[float, int, Parkable]] = []
+        self._seq = itertools.count()
+        self._wait_scope: trio.CancelScope | None = None  # while run() waits
+        self.stopped = False
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def is_parked(self, conn: Parkable) -> bool:
+        return self._parked.get(conn.fileno()) is conn
+
+    def park(self, conn: Parkable) -> bool:
+        """Park `conn` until its socket is readable or its deadline passes; False when
+        the lot is stopped (the caller keeps its task)."""
+        if self.stopped:
+            return False
+        fd = conn.fileno()
+        if fd < 0:
+            return False
+        self._parked[fd] = conn
+        try:
+            self._epoll.register(fd, _ARM)
+        except FileExistsError:
+            # Parked before: the one-shot registration is still there, disarmed.
+            self._epoll.modify(fd, _ARM)
+        deadline = conn._deadline
+        if deadline < conn._heap_at:
+            conn._heap_at = deadline
+            heapq.heappush(self._heap, (deadline, next(self._seq), conn))
+            scope = self._wait_scope
+            if scope is not None and deadline < scope.deadline:
+                scope.deadline = deadline  # the waiting loop must wake earlier
+        return True
+
+    def unpark(self, conn: Parkable) -> bool:
+        """Take `conn` out (e.g. to close it); False when it was not parked. Its one-shot
+        registration may still fire once: an event for an fd not parked is ignored."""
+        fd = conn.fileno()
+        if self._parked.get(fd) is conn:
+            del self._parked[fd]
+            return True
+        return False
+
+    async def run(self) -> None:
+        """Wait for parked sockets and deadlines; hand each over when it is due."""
+        epoll = self._epoll
+        parked = self._parked
+        heap = self._heap
+        while True:
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
+                self._wait_scope = scope
+                try:
+                    await trio.lowlevel.wait_readable(epoll.fileno())
+                except trio.ClosedResourceError:
+                    return  # stop() closed the epoll set
+            self._wait_scope = None
+            while True:
+                events = epoll.poll(0, _MAX_EVENTS)
+                for fd, _mask in events:
+                    conn = parked.pop(fd, None)
+                    if conn is not None:
+                        conn.on_readable()
+                if len(events) < _MAX_EVENTS:
+                    break
+            self._expire(trio.current_time())
+
+    def _expire(self, now: float) -> None:
+        heap = self._heap
+        parked = self._parked
+        while heap and heap[0][0] <= now:
+            at, _, conn = heapq.heappop(heap)
+            if conn._heap_at != at:
+                continue  # superseded by an earlier entry for the same conn
+            conn._heap_at = math.inf
+            fd = conn.fileno()
+            if parked.get(fd) is not conn:
+                continue  # active (its task keeps the deadline) or gone
+            if conn._deadline <= now:
+                del parked[fd]
+                conn.on_deadline()
+            elif conn._deadline < math.inf:
+                conn._heap_at = conn._deadline
+                heapq.heappush(heap, (conn._deadline, next(self._seq), conn))
+
+    def stop(self) -> list[Parkable]:
+        """No more parking; return what was parked (the caller closes those)."""
+        self.stopped = True
+        left = list(self._parked.values())
+        self._parked.clear()
+        self._heap.clear()
+        for conn in left:
+            conn._heap_at = math.inf
+        trio.lowlevel.notify_closing(self._epoll.fileno())  # a waiting run() gets ClosedResourceError
+        self._epoll.close()
+        return left

@@ -1,0 +1,210 @@
+"""Idle plain-TCP connections park in the node's lot (no task) and keep every behaviour:
+CONNECT answered while parked, keep alive and CONNECT timeouts, takeover, shutdown."""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+
+import pytest
+import trio
+import trio.testing
+
+import mesh.connection
+from mesh.mqtt import Connect, Disconnect, Pingreq, Pingresp, Publish, Subscribe, Subscription, encode
+from mesh.parking import ParkingLot
+from tests.mesh.test_broker_raw import Raw, recv_until_close
+from tests.support import Client
+
+
+def _parked(node) -> set[str]:
+    """Client ids of the connections parked in the node's lot (empty id: no CONNECT yet)."""
+    return node.call(lambda: {c.client_id for c in node.node._lot._parked.values()})
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def quick_park(monkeypatch):
+    monkeypatch.setattr(mesh.connection, "PARK_AFTER", 0.2)
+
+
+def test_connect_is_answered_while_parked_and_the_client_stays_parked(node):
+    raw = Raw(node.mqtt_port, level=4)
+    raw.connect("idle-1")
+    raw2 = Raw(node.mqtt_port, level=5)
+    raw2.connect("idle-2")
+    _wait_for(lambda: _parked(node) == {"idle-1", "idle-2"})
+    # Parked, not gone: a PINGREQ wakes the connection and is answered.
+    raw.send(Pingreq())
+    assert type(raw.recv()).__name__ == "Pingresp"
+
+
+def test_connect_split_over_two_segments_and_packets_behind_it(node):
+    connect = encode(Connect(client_id="split", protocol_level=5), 5)
+    sub = encode(Subscribe(packet_id=1, subscriptions=(Subscription("t/split", qos=0),)), 5)
+    pub = encode(Publish(topic="t/split", payload=b"hello"), 5)
+    raw = Raw(node.mqtt_port, level=5)
+    raw.send_bytes(connect[:5])
+    _wait_for(lambda: _parked(node) == {""})  # waits for the rest with no task
+    raw.send_bytes(connect[5:] + sub + pub)  # CONNECT's tail, then two packets in one segment
+    kinds = [type(raw.recv()).__name__ for _ in range(3)]
+    assert kinds == ["Connack", "Suback", "Publish"]
+
+
+def test_parked_client_wakes_goes_active_and_parks_again(node, quick_park):
+    raw = Raw(node.mqtt_port, level=4)
+    raw.connect("napper")
+    _wait_for(lambda: "napper" in _parked(node))
+    raw.send(Subscribe(packet_id=1, subscriptions=(Subscription("nap/#", qos=1),)))
+    assert type(raw.recv()).__name__ == "Suback"
+    assert "napper" not in _parked(node)  # a reader task has it now
+    _wait_for(lambda: "napper" in _parked(node))  # idle PARK_AFTER: parked again
+    pub = Client("pub", version=5)
+    pub.connect(node.mqtt_port)
+    pub.publish("nap/x", b"1", qos=1)
+    msg = raw.recv()
+    assert (type(msg).__name__, msg.payload) == ("Publish", b"1")  # writes need no reader
+
+
+def test_keep_alive_timeout_of_a_parked_client(node):
+    raw = Raw(node.mqtt_port, level=5)
+    t0 = time.monotonic()
+    raw.connect("sleepy", keep_alive=1)
+    assert "sleepy" in _parked(node)
+    packets = recv_until_close(raw)
+    elapsed = time.monotonic() - t0
+    assert [(type(p).__name__, p.reason_code) for p in packets] == [("Disconnect", 0x8D)]
+    assert 1.4 <= elapsed < 4
+
+
+def test_keep_alive_of_a_parked_client_is_pushed_by_its_packets(node, quick_park):
+    raw = Raw(node.mqtt_port, level=5)
+    raw.connect("pinger", keep_alive=1)
+    for _ in range(4):  # 2.4 s in all, more than 1.5 s of grace
+        time.sleep(0.6)
+        raw.send(Pingreq())
+        assert type(raw.recv()).__name__ == "Pingresp"
+
+
+def test_connect_timeout_of_a_parked_socket(node_factory):
+    node = node_factory(connect_timeout=0.5)
+    raw = Raw(node.mqtt_port)
+    _wait_for(lambda: _parked(node) == {""})
+    t0 = time.monotonic()
+    assert recv_until_close(raw) == []
+    assert time.monotonic() - t0 < 3
+    _wait_for(lambda: _parked(node) == set())
+
+
+def test_takeover_of_a_parked_connection(node):
+    old = Raw(node.mqtt_port, level=5)
+    old.connect("twin")
+    _wait_for(lambda: "twin" in _parked(node))
+    new = Raw(node.mqtt_port, level=5)
+    new.connect("twin")
+    packets = recv_until_close(old)
+    assert [(type(p).__name__, p.reason_code) for p in packets] == [("Disconnect", 0x8E)]
+    new.send(Pingreq())
+    assert type(new.recv()).__name__ == "Pingresp"
+
+
+def test_will_of_a_parked_client_that_drops(node):
+    watcher = Client("w", version=5)
+    watcher.connect(node.mqtt_port)
+    watcher.subscribe("wills/#", 1)
+    dying = Client("dying", version=4)
+    dying.connect(node.mqtt_port, will=("wills/dying", b"gone", 1, False))
+    _wait_for(lambda: "dying" in _parked(node))
+    dying.drop()
+    (m,) = watcher.expect(1)
+    assert m.payload == b"gone"
+
+
+def test_shutdown_says_0x8b_to_parked_clients_and_closes_unconnected_sockets(node_factory):
+    node = node_factory()
+    v5 = Raw(node.mqtt_port, level=5)
+    v5.connect("parked-v5")
+    bare = Raw(node.mqtt_port)  # no CONNECT yet
+    _wait_for(lambda: _parked(node) == {"parked-v5", ""})
+    t0 = time.monotonic()
+    node.stop()
+    assert time.monotonic() - t0 < 4  # not held until the CONNECT timeout
+    packets = recv_until_close(v5)
+    assert [(type(p).__name__, p.reason_code) for p in packets] == [("Disconnect", 0x8B)]
+    assert recv_until_close(bare) == []
+
+
+# ------------------------------------------------------- the lot on its own
+
+
+class _Fake:
+    """A parkable socket end that records what the lot tells it."""
+
+    def __init__(self, sock: socket.socket, deadline: float = math.inf) -> None:
+        self.sock = sock
+        self._deadline = deadline
+        self._heap_at = math.inf
+        self.events: list[tuple[str, float]] = []
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def on_readable(self) -> None:
+        self.events.append(("readable", trio.current_time()))
+
+    def on_deadline(self) -> None:
+        self.events.append(("deadline", trio.current_time()))
+
+
+async def test_lot_hands_over_readable_sockets_and_due_deadlines(autojump_clock):
+    lot = ParkingLot()
+    a, a_peer = socket.socketpair()
+    b, b_peer = socket.socketpair()
+    c, _c_peer = socket.socketpair()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lot.run)
+            ready = _Fake(a)
+            late = _Fake(b, deadline=trio.current_time() + 10)
+            lot.park(ready)
+            lot.park(late)
+            a_peer.send(b"x")
+            await trio.sleep(1)  # the epoll wait ends on a real event: move the clock a bit
+            assert [e for e, _ in ready.events] == ["readable"]
+            assert not lot.is_parked(ready) and lot.is_parked(late)
+            # A nearer deadline parked while the lot waits wakes it earlier.
+            soon = _Fake(c, deadline=trio.current_time() + 2)
+            t0 = trio.current_time()
+            lot.park(soon)
+            await trio.sleep(3)
+            assert soon.events == [("deadline", pytest.approx(t0 + 2))]
+            # A deadline pushed back while parked is honoured at its new time.
+            late._deadline += 5
+            await trio.sleep(20)
+            assert late.events and late.events[0][0] == "deadline"
+            assert late.events[0][1] >= late._deadline
+            # Unparked: its socket's events are not handed over any more.
+            lot.park(ready)
+            assert lot.unpark(ready) and not lot.unpark(ready)
+            a_peer.send(b"y")
+            await trio.sleep(1)
+            assert [e for e, _ in ready.events] == ["readable"]
+            lot.park(_Fake(b_peer))
+            left = lot.stop()
+            assert len(left) == 1 and not lot.park(_Fake(a))
+            nursery.cancel_scope.cancel()
+    finally:
+        for s in (a, a_peer, b, b_peer, c, _c_peer):
+            s.close()
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0.05)
