@@ -65,6 +65,29 @@ def node_metrics(node: "Node") -> Metrics:
                        lambda: cluster.malformed_items + cluster.inbound.malformed)
     m.counter_callback("meshd_gossip_malformed_total", "malformed gossip packets dropped",
                        lambda: node.gossip.stats.get("malformed", 0))
+    handoffs = cluster.handoffs
+    ho = handoffs.stats
+    m.counter_callback(
+        "meshd_handoffs_total", "session handoffs and ownership conflicts, by outcome",
+        lambda: {"taken": ho.taken, "given": ho.given, "fallback": ho.failed, "superseded": ho.superseded,
+                 "kicked": ho.kicked, "merged_in": ho.merged_in, "merged_out": ho.merged_out},
+        ("outcome",),
+    )
+    m.gauge_callback("meshd_handoff_duration_ms", "takeover time (CONNECT to session here) over the last 1000, by quantile",
+                     lambda: _quantiles(ho.durations_ms), ("quantile",))
+    m.gauge_callback("meshd_session_claims", "client ids in the ownership register (tombstones included)",
+                     lambda: len(handoffs.register.claims))
+    held = cluster.held
+    m.gauge_callback("meshd_held_members", "unreachable members whose routes are held", lambda: len(held.members))
+    m.gauge_callback("meshd_held_messages", "messages held for unreachable members", lambda: sum(held.counts().values()))
+    m.counter_callback("meshd_held_total", "messages held for unreachable members", lambda: held.held_total)
+    m.counter_callback("meshd_held_replayed_total", "held messages replayed to members that came back", lambda: held.replayed)
+    m.counter_callback("meshd_held_dropped_total", "held messages dropped, by reason",
+                       lambda: {"full": held.dropped_full, "aged": held.dropped_aged}, ("reason",))
+    m.counter_callback("meshd_replay_duplicates_total", "replayed messages dropped as already taken",
+                       lambda: cluster.replay_duplicates)
+    m.counter_callback("meshd_refused_during_netsplit_total", "operations refused while partitioned (allow_*_during_netsplit off)",
+                       lambda: dict(node.security.refused_during_netsplit), ("operation",))
     security = node.security
     m.counter_callback(
         "meshd_auth_total", "CONNECT authentication decisions, by outcome",
@@ -83,3 +106,10 @@ def _count_states(members: list[dict]) -> dict[str, int]:
     for member in members:
         out[member["state"]] = out.get(member["state"], 0) + 1
     return out
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {q: round(ordered[min(len(ordered) - 1, int(float(q) * len(ordered)))], 3) for q in ("0.5", "0.99")}

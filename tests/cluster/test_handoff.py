@@ -39,8 +39,15 @@ def test_offline_queue_moves_to_the_node_the_client_reconnects_to(cluster3):
     pub.publish("move/after", b"after", qos=1)
     assert again.expect(1)[0].payload == b"after"
     again.expect_none(0.5)
-    status, body = request_json(a.http_addr, "GET", "/api/v1/status")
+    assert 'meshd_handoffs_total{outcome="taken"} 1' in metrics_text(b)
+    assert 'meshd_handoffs_total{outcome="given"} 1' in metrics_text(a)
+    assert 'meshd_handoff_duration_ms{quantile="0.5"}' in metrics_text(b)
+
+
+def metrics_text(node) -> str:
+    status, body = request_json(node.http_addr, "GET", "/metrics")
     assert status == 200
+    return body if isinstance(body, str) else body.decode()
 
 
 
