@@ -11,17 +11,33 @@ from tests.cluster.test_membership_processes import FAST, view, wait_for
 from tests.support import Client, MeshdProcess, free_port, run_cli
 
 
+def start_cluster(tmp_path, names: str = "ABC", attempts: int = 3) -> dict[str, MeshdProcess]:
+    """Nodes seeded with the first one's gossip port. A gossip port is fixed before
+    start (the seeds name it), so another process can take it meanwhile: then the
+    whole cluster starts again on fresh ports."""
+    for attempt in range(attempts):
+        ports = [free_port() for _ in names]
+        nodes = {
+            name: MeshdProcess(str(tmp_path / f"{name}-{attempt}"), *FAST, "--sys-interval", "0.5", "--seed",
+                               f"127.0.0.1:{ports[0]}", http=True, gossip_port=ports[i], node_id=name)
+            for i, name in enumerate(names)
+        }
+        try:
+            for n in nodes.values():
+                n.start()
+            return nodes
+        except AssertionError as exc:
+            for n in nodes.values():
+                n.__exit__()
+            if "already in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def cluster3(tmp_path):
-    ports = [free_port() for _ in range(3)]
-    nodes = {
-        name: MeshdProcess(str(tmp_path / name), *FAST, "--sys-interval", "0.5", "--seed", f"127.0.0.1:{ports[0]}", http=True,
-                           gossip_port=ports[i], node_id=name)
-        for i, name in enumerate("ABC")
-    }
+    nodes = start_cluster(tmp_path)
     try:
-        for n in nodes.values():
-            n.start()
         for n in nodes.values():
             wait_for(lambda n=n: sum(v == "alive" for v in view(n).values()) == 3, what=f"{n.node_id} sees 3 alive")
         yield nodes
