@@ -191,7 +191,7 @@ class ClientConnection:
         "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_writing",
         "_outbox", "_outbox_bytes", "_writer_done", "_spawn", "_reader_scope", "request_problem_info",
         "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay", "acl_generation",
-        "_lot", "_deadline", "_heap_at", "_idle_since", "_connect_packet",
+        "_lot", "_lot_registered", "_deadline", "_heap_at", "_idle_since", "_connect_packet",
     )
 
     def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, connect_timeout: float = 10.0,
@@ -240,6 +240,7 @@ class ClientConnection:
         self._lot = lot
         self._deadline = math.inf  # CONNECT timeout, then keep alive (Trio clock)
         self._heap_at = math.inf  # owned by the lot
+        self._lot_registered = False  # owned by the lot
         self._idle_since = -math.inf  # Trio time of the last read
         self._connect_packet: Connect | None = None  # decoded while parked, for run()
 
@@ -392,8 +393,9 @@ class ClientConnection:
         """A just-accepted connection: wait in the lot for its CONNECT."""
         assert self._lot is not None
         self._deadline = trio.current_time() + self.connect_timeout
-        if not self._lot.park(self):
-            self._start()
+        # The CONNECT is often here already (sent right after the handshake, which the
+        # kernel finished before accept): answer it now, or park if it is not.
+        self.on_readable()
 
     def _start(self) -> None:
         assert self._spawn is not None

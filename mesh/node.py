@@ -218,7 +218,6 @@ class Node:
             timeout = settings.connect_timeout
             try:
                 while True:
-                    await trio.lowlevel.checkpoint()
                     for _ in range(ACCEPT_BATCH):
                         try:
                             sock, addr = accept()
@@ -240,7 +239,8 @@ class Node:
                                                 nursery=connections, lot=lot)
                         conn.park_new()
                     else:
-                        continue  # a full batch: more may be waiting
+                        await trio.lowlevel.checkpoint()  # a full batch: let others run, then go on
+                        continue
                     await trio.lowlevel.wait_readable(raw)
             finally:
                 raw.close()

@@ -11,7 +11,8 @@ synchronously when it can (a CONNECT, usually) or starts its task, which parks i
 once it has been idle for a while.
 
 The lot knows nothing about MQTT: a parked thing needs `fileno()`, a `_deadline` (Trio
-clock, `inf` for none), a `_heap_at` slot the lot owns, and the two callbacks.
+clock, `inf` for none), `_heap_at` (inf) and `_lot_registered` (False) slots the lot
+owns, and the two callbacks.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _MAX_EVENTS = 512
 class Parkable(Protocol):
     _deadline: float
     _heap_at: float
+    _lot_registered: bool
 
     def fileno(self) -> int: ...
     def on_readable(self) -> None: ...
@@ -65,11 +67,13 @@ class ParkingLot:
         if fd < 0:
             return False
         self._parked[fd] = conn
-        try:
-            self._epoll.register(fd, _ARM)
-        except FileExistsError:
-            # Parked before: the one-shot registration is still there, disarmed.
+        if conn._lot_registered:
+            # Parked before: the one-shot registration is still there, disarmed. (It
+            # goes when the socket closes; a conn never outlives its socket.)
             self._epoll.modify(fd, _ARM)
+        else:
+            self._epoll.register(fd, _ARM)
+            conn._lot_registered = True
         deadline = conn._deadline
         if deadline < conn._heap_at:
             conn._heap_at = deadline

@@ -440,6 +440,8 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
     failed = 0
     in_flight = 0
     perf = time.perf_counter
+    cpu0 = procstat.cpu_seconds(broker_pid)
+    gen0 = time.process_time()
     t0 = perf()
     deadline = t0 + timeout
     try:
@@ -484,6 +486,8 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
                     else:
                         failed += 1
         elapsed = perf() - t0
+        broker_cpu = procstat.cpu_seconds(broker_pid) - cpu0
+        gen_cpu = time.process_time() - gen0
         time.sleep(settle)
         rss1 = procstat.rss_bytes(broker_pid)
         alive_check = procstat.cpu_seconds(broker_pid)  # raises if the broker died
@@ -497,6 +501,10 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
         "failed": count - connected,  # refused, closed, or not answered within the timeout
         "elapsed_s": round(elapsed, 4),
         "connects_per_s": connected / elapsed if elapsed else None,
+        # Who limits connects/s: the broker's CPU and the generator's, per connection.
+        "broker_cpu_pct": 100 * broker_cpu / elapsed if elapsed else None,
+        "cpu_us_per_connect": 1e6 * broker_cpu / connected if connected else None,
+        "gen_cpu_pct": 100 * gen_cpu / elapsed if elapsed else None,
         "rss_before_kb": rss0 / 1024,
         "rss_after_kb": rss1 / 1024,
         "kb_per_conn": (rss1 - rss0) / 1024 / connected if connected else None,

@@ -61,6 +61,9 @@ IDLE_METRICS = (
     Metric("connects_per_s", "connects/s", True),
     Metric("kb_per_conn", "KB per idle connection", False, "{:.2f}"),
     Metric("connected", "connected", True),
+    Metric("cpu_us_per_connect", "broker CPU µs per connect", False, "{:.0f}"),
+    Metric("broker_cpu_pct", "broker CPU % while connecting", False),
+    Metric("gen_cpu_pct", "generator CPU % while connecting", False),
 )
 
 

@@ -151,6 +151,7 @@ class _Fake:
         self.sock = sock
         self._deadline = deadline
         self._heap_at = math.inf
+        self._lot_registered = False
         self.events: list[tuple[str, float]] = []
 
     def fileno(self) -> int:
