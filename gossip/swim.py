@@ -862,6 +862,13 @@ class Swim:
 
     def _merge(self, env: dict, now: float) -> None:
         sender = env["from"]
+        # a sender we could not reach until now (back from a split, or new) brings a
+        # stale view of the members we do reach: its "dead" about them is no ground
+        # for suspicion (thousands of such accusations after a large heal would
+        # outrun the refutations and evict live members); its news about itself
+        # and about members we also lost still counts
+        s = self.members.get(sender)
+        trusted = s is not None and s.state in (ALIVE, SUSPECT)
         for entry in env["members"]:
             try:
                 node, host, port, state, inc, changed_us = entry
@@ -877,6 +884,10 @@ class Swim:
             elif state == LEFT:
                 self._dead(node, inc, node, changed_us, 1, now)
             elif state in (SUSPECT, DEAD):
+                if not trusted and node != self.id:
+                    m = self.members.get(node)
+                    if m is not None and m.state == ALIVE:
+                        continue
                 # memberlist: another node's "dead" is only grounds for our suspicion
                 if node not in self.members and state == SUSPECT:
                     self._alive(node, inc, addr, node, changed_us, 1, now)
