@@ -181,6 +181,8 @@ class Handoffs:
         """Before a CONNECT opens its session here: claim the client id, and when the
         session lives on another node, take it over.  'ok' to go on; 'superseded' when
         a newer CONNECT elsewhere won (close this one with 0x8E)."""
+        if clean_start and not persistent and not self._peers():
+            return "ok"  # a lone node keeps no claims for clean sessions: the fast path
         lock = self._locks.get(client_id)
         if lock is None:
             lock = self._locks[client_id] = trio.Lock()
@@ -193,8 +195,6 @@ class Handoffs:
 
     async def _prepare(self, client_id: str, clean_start: bool, persistent: bool) -> str:
         previous = self.register.get(client_id)
-        if not persistent and clean_start and not self._peers():
-            return "ok"  # a lone node keeps no claims for clean sessions
         claim = self.register.claim(client_id, _wall_ms(), clean=clean_start)
         self._announce(claim)
         giving = self.giving.pop(client_id, None)

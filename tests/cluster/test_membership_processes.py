@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from mesh.http_client import request_json
+from mesh.http_client import HttpClientError, request_json
 from tests.support import MeshdProcess, free_port, run_cli
 
 FAST = ("--gossip-preset", "local")
@@ -24,7 +24,7 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
             last = predicate()
             if last:
                 return
-        except OSError as exc:
+        except (OSError, HttpClientError) as exc:  # not listening yet, or restarting
             last = exc
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}: {last}")
