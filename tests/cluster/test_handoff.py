@@ -16,6 +16,24 @@ def persistent(client_id: str) -> Client:
     return Client(client_id, version=5, clean=False)
 
 
+def test_v311_persistent_session_moves_too(cluster3):
+    a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
+    sub = Client("old-school", version=4, clean=False)
+    sub.connect(a.port)
+    sub.subscribe("v3/#", 2)
+    wait_route(cluster3.values(), "v3/#", {"A"})
+    sub.disconnect()
+    pub = Client("pub-v3", version=4)
+    pub.connect(c.port)
+    for i in range(10):
+        pub.publish("v3/x", str(i).encode(), qos=2)
+    again = Client("old-school", version=4, clean=False)
+    flags, _, _ = again.connect(b.port)
+    assert flags.session_present
+    assert [int(m.payload) for m in again.expect(10)] == list(range(10))
+    wait_route(cluster3.values(), "v3/#", {"B"})
+
+
 def test_offline_queue_moves_to_the_node_the_client_reconnects_to(cluster3):
     a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
     sub = persistent("mover")
