@@ -38,7 +38,7 @@ log = logging.getLogger("meshd.handoff")
 
 STEP_TIMEOUT = 2.0
 TAKEOVER_BUDGET = 5.0
-FENCE_TIMEOUT = 2.0
+FENCE_TIMEOUT = 1.0  # a member that cannot answer in time is most likely unreachable: its copies cannot race us
 GIVE_TIMEOUT = 15.0  # a giver that hears nothing more keeps serving its copy
 MOVED_MEMORY = 60.0  # how long a giver remembers where a session went
 MAX_REDIRECTS = 3
@@ -349,13 +349,13 @@ class Handoffs:
 
     async def _flush_one(self, member: str) -> None:
         try:
-            await self.cluster.ask(member, "ho_flush", {}, FENCE_TIMEOUT + 1.0)
+            await self.cluster.ask(member, "ho_flush", {}, FENCE_TIMEOUT + 0.5)
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             log.warning("flush at %s failed (%s): a message may be delivered twice", member, exc)
 
     async def _fence_one(self, member: str, owner: str, snapshot: Any) -> None:
         try:
-            await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 1.0)
+            await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 0.5)
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             log.warning("fence at %s failed (%s): messages it sent to %s may arrive out of order", member, exc, owner)
 

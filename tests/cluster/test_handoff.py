@@ -265,6 +265,33 @@ def test_flapping_client_leaks_nothing(cluster3):
             raise
 
 
+
+def test_a_silent_third_node_does_not_stop_a_handoff(cluster3):
+    """C freezes (not yet known dead): its fence and flush time out, the move goes on."""
+    import os
+    import signal
+
+    a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
+    sub = persistent("patient")
+    sub.connect(a.port, expiry=3600)
+    sub.subscribe("patient/#", 1)
+    wait_route(cluster3.values(), "patient/#", {"A"})
+    sub.disconnect()
+    pub = Client("pub-patient", version=5)
+    pub.connect(a.port)
+    for i in range(5):
+        pub.publish("patient/x", str(i).encode(), qos=1)
+    os.kill(c.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        flags, _, _ = sub.connect(b.port, expiry=3600)
+        took = time.monotonic() - started
+        assert flags.session_present and took < 5, took
+        assert [int(m.payload) for m in sub.expect(5)] == list(range(5))
+    finally:
+        os.kill(c.proc.pid, signal.SIGCONT)
+
+
 def dump(nodes) -> None:
     for n in nodes.values():
         n.stop()
