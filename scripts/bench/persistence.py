@@ -14,8 +14,10 @@ measurements, all with the same `--durability` flags:
 - restart: offline, persistent again, but meshd is killed (SIGKILL) after the last
   PUBACK and started again on the same data dir before the subscriber comes back, so
   the drain reads what RocksDB holds. In `batch` mode a PUBACK does not wait for the
-  commit, so the kill waits `KILL_GRACE_S` (several batch windows) first: what the
-  mode may lose by design is not counted as loss.
+  commit, so the kill waits `kill_grace_s()` (ten batch windows, at least 0.1 s) first:
+  what the mode may lose by design is not counted as loss.
+
+The batch window is `BATCH_MS` (`run.py --durability-batch-ms`; meshd's default is 10).
 
 Ratios: online persistent/clean (msg/s and msg per broker CPU-second), offline publish
 persistent/clean, and drain over the online clean delivery rate (a clean session has no
@@ -47,13 +49,19 @@ QOS = 1
 OFFLINE_N = {True: 5000, False: 10000}
 QUEUE_LIMIT = 20000
 WAIT_S = 30.0  # bound on each offline phase; hitting it shows up as loss, never a hang
-KILL_GRACE_S = 0.1  # batch mode: 10 batch windows between the last PUBACK and the kill
+KILL_GRACE_S = 0.1  # batch mode: at least this between the last PUBACK and the kill
+BATCH_MS = 10  # batch mode's window (--durability-batch-ms); run.py may change it
+
+
+def kill_grace_s() -> float:
+    """Ten batch windows: the loss window batch mode documents, with room to spare."""
+    return max(KILL_GRACE_S, 10 * BATCH_MS / 1000)
 
 
 def meshd_flags(durability: str) -> list[str]:
     flags = ["--durability", durability, "--max-queued-messages", str(QUEUE_LIMIT)]
     if durability == "batch":
-        flags += ["--durability-batch-ms", "10"]
+        flags += ["--durability-batch-ms", str(BATCH_MS)]
     return flags
 
 
@@ -62,6 +70,9 @@ def run(workdir: Path, quick: bool, durability: str) -> dict[str, Any]:
     duration = 2.0 if quick else 4.0
     n = OFFLINE_N[quick]
     out: dict[str, Any] = {"durability": durability, "offline_n": n}
+    if durability == "batch":
+        out["batch_ms"] = BATCH_MS
+        out["kill_grace_s"] = kill_grace_s()
     for persistent in (True, False):
         kind = "persistent" if persistent else "clean"
         with _meshd(workdir / f"online-{kind}", flags) as b:
@@ -113,7 +124,7 @@ def killed_and_restarted(workdir: Path, flags: list[str], n: int, durability: st
         _subscribe_and_leave(b.port, persistent=True)
         published, acked, publish_s = publish_count(b.port, n)
         if durability != "sync":
-            time.sleep(KILL_GRACE_S)
+            time.sleep(kill_grace_s())
         os.kill(b.pid, signal.SIGKILL)
         b.proc.wait(10)
     finally:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parents[1]))  # the repository, for mesh.mqtt
 
 import brokers  # noqa: E402
+import persistence  # noqa: E402
 import procstat  # noqa: E402
 import table  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
@@ -96,7 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="git revision of meshd to measure (exported to a temp dir), or 'worktree' "
                              "for the files as they are now (default HEAD)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin broker and generator to cores")
+    parser.add_argument("--durability-batch-ms", type=int, default=persistence.BATCH_MS,
+                        help="persist-batch: meshd's batch window in ms (default %(default)s, meshd's default)")
     args = parser.parse_args(argv)
+    if args.durability_batch_ms <= 0:
+        parser.error("--durability-batch-ms must be > 0")
+    persistence.BATCH_MS = args.durability_batch_ms
 
     names = [b for b in args.brokers.split(",") if b]
     chosen = [s for s in args.scenarios.split(",") if s]
@@ -124,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(), "pinned": pin, "quick": args.quick, "reps": reps,
         "versions": {n: brokers.BROKERS[n].version() for n in names},
         "source": source,
+        "durability_batch_ms": persistence.BATCH_MS,
     }
     print(json.dumps(header), file=sys.stderr)
     records = []

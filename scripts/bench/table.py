@@ -70,6 +70,9 @@ def _ratio(a: tuple | None, b: tuple | None) -> str:
     return f"{a[0] / b[0]:.2f}×"
 
 
+_ARROW = {True: " ↑", False: " ↓", None: ""}  # None: a setting, neither better nor worse
+
+
 def markdown(records: list[dict[str, Any]]) -> str:
     stats = summarise(records)
     present = {r["broker"] for r in records}
@@ -83,7 +86,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
         if not any(r["scenario"] == name for r in records):
             continue
         for i, m in enumerate(scenario.metrics):
-            row = [f"**{name}**" if i == 0 else "", m.label + (" ↑" if m.higher_is_better else " ↓")]
+            row = [f"**{name}**" if i == 0 else "", m.label + _ARROW[m.higher_is_better]]
             for b in brokers:
                 row.append(_cell(m, stats.get((name, b, m.key))))
             if "meshd" in brokers and m.key not in ("lost", "gen_cpu_pct", "connected", "broker_cpu_pct"):
