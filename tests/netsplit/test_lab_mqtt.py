@@ -94,6 +94,8 @@ def test_both_sides_serve_and_the_heal_delivers_what_was_held(lab):
 
     c.lab.heal()
     wait_for(c.one_view, 15, "one view after the heal")
+    # Route tables agree again (the bound: within 10 s of one view).
+    wait_for(lambda: all(routes_on(c, i) == routes_on(c, 0) for i in range(1, N)), 10, "equal route tables")
     # Held messages crossed: in order per publisher, none lost, none twice.
     wait_for(lambda: len(payloads(s_a, "b:")) == 40 and len(payloads(s_b, "a:")) == 40, 20, "held messages delivered")
     assert payloads(s_a, "b:") == [f"b:{i}" for i in range(40)]
