@@ -212,6 +212,12 @@ class Node:
             # clients per wake-up: one trip through the scheduler per batch, not per client.
             raw = socket.socket(fileno=os.dup(listener.socket.fileno()))
             raw.setblocking(False)
+            tcp = raw.family in (socket.AF_INET, socket.AF_INET6)
+            if tcp:
+                # Linux copies TCP_NODELAY from the listener to each accepted socket: one
+                # setsockopt here instead of one per client (checked on the first client).
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nodelay_inherited: bool | None = None
             accept = raw.accept
             broker = self.broker
             security = self.security
@@ -230,8 +236,11 @@ class Node:
                             log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno))
                             await trio.sleep(0.1)
                             break
-                        if sock.family in (socket.AF_INET, socket.AF_INET6):
-                            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        if tcp and not nodelay_inherited:
+                            if nodelay_inherited is None:
+                                nodelay_inherited = bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                            if not nodelay_inherited:
+                                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         host = str(addr[0]) if isinstance(addr, tuple) else ""
                         peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
                         conn = ClientConnection(broker, SocketByteStream(sock), peer, "tcp",

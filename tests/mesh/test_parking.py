@@ -209,3 +209,12 @@ async def test_lot_hands_over_readable_sockets_and_due_deadlines(autojump_clock)
 @pytest.fixture
 def autojump_clock():
     return trio.testing.MockClock(autojump_threshold=0.05)
+
+
+def test_accepted_clients_have_nagle_off(node):
+    # Set once on the listener and inherited (Linux), or per client where it is not.
+    raw = Raw(node.mqtt_port, level=4)
+    raw.connect("nodelay")
+    fds = node.call(lambda: [c.stream._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                             for c in node.node.broker.connections.values()])
+    assert fds and all(fds)
