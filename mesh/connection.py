@@ -189,7 +189,7 @@ class ClientConnection:
         "broker", "stream", "peer", "transport", "decoder", "protocol_level", "client_id",
         "session", "keep_alive", "will", "username", "send_window", "client_max_packet",
         "alias_in", "alias_out", "alias_out_max", "closing", "close_reason", "_writing",
-        "_outbox", "_outbox_bytes", "_writer_done", "_spawn", "_reader_scope", "request_problem_info",
+        "_outbox", "_outbox_bytes", "_writer_done", "_nursery", "_reader_scope", "request_problem_info",
         "connect_timeout", "_pending_acks", "security", "peer_ip", "cert_cn", "acl", "_publish_bucket", "_rate_delay", "acl_generation",
         "_lot", "_lot_registered", "_deadline", "_heap_at", "_idle_since", "_connect_packet",
     )
@@ -232,7 +232,7 @@ class ClientConnection:
         # only appends; otherwise the write starts a writer.
         self._writing = False
         self._writer_done: trio.Event | None = None  # made only when close waits for a writer
-        self._spawn = nursery.start_soon if nursery is not None else None
+        self._nursery = nursery  # where writer and reader tasks start (not a bound method: 0.1 KB)
         self._reader_scope: trio.CancelScope | None = None
         # Acks waiting for a sync or a remote node; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, Any]] | None = None
@@ -251,8 +251,8 @@ class ClientConnection:
         self._outbox_bytes += len(data)
         if not self._writing:
             self._writing = True
-            assert self._spawn is not None
-            self._spawn(self._writer)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._writer)
 
     def send(self, packet: Any) -> None:
         self.write(encode(packet, self.protocol_level))
@@ -398,8 +398,8 @@ class ClientConnection:
         self.on_readable()
 
     def _start(self) -> None:
-        assert self._spawn is not None
-        self._spawn(self.run)
+        assert self._nursery is not None
+        self._nursery.start_soon(self.run)
 
     def on_readable(self) -> None:
         """The lot: bytes (or EOF) arrived for this parked connection."""
@@ -509,10 +509,10 @@ class ClientConnection:
     async def run(self) -> None:
         """The connection's reader task: from CONNECT (unless answered while parked)
         until it ends, or until it parks (idle, plain TCP in a node)."""
-        if self._spawn is None:
+        if self._nursery is None:
             # No nursery given: writers run in a nursery of our own.
             async with trio.open_nursery() as nursery:
-                self._spawn = nursery.start_soon
+                self._nursery = nursery
                 await self.run()
             return
         parked = False
