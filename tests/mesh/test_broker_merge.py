@@ -1,0 +1,62 @@
+"""The broker's side of handoffs and conflicts: installing a handed-over session,
+merging the tail and merging another node's copy (sans-I/O, in-memory store)."""
+
+from __future__ import annotations
+
+from mesh.broker import Broker
+from mesh.mqtt import EMPTY_PROPERTIES
+from session_store.model import Delivery, Message, SubscriptionOptions
+from session_store.store import StoredSession
+
+
+def msg(origin: str, i: int) -> Message:
+    return Message("t/x", str(i).encode(), 1, False, EMPTY_PROPERTIES, None, "pub", i, origin)
+
+
+def delivery(m: Message, seq: int) -> Delivery:
+    d = Delivery(m, 1, False, ())
+    d.seq = seq
+    return d
+
+
+def stored(queue: list[Delivery], subs: dict | None = None) -> StoredSession:
+    return StoredSession(client_id="dev", expiry_interval=3600, protocol_level=5, next_seq=100,
+                         subscriptions=subs if subs is not None else {"t/#": SubscriptionOptions(1)}, queue=queue)
+
+
+def test_install_indexes_subscriptions_and_keeps_queue_order():
+    b = Broker(node_id="B")
+    session = b.install_session(stored([delivery(msg("C", 1), 5), delivery(msg("C", 2), 6)]), now=1000.0)
+    assert [d.message.msg_id for d in session.queue] == [1, 2]
+    assert b.subscriptions.match("t/x") == ["dev"]
+    assert session.persistent and session.stored
+
+
+def test_merge_adds_only_what_is_new_and_unions_subscriptions():
+    b = Broker(node_id="B")
+    session = b.install_session(stored([delivery(msg("C", 1), 5)]), now=1000.0)
+    copy = stored([delivery(msg("C", 1), 7), delivery(msg("C", 2), 8)], {"t/#": SubscriptionOptions(1), "u/#": SubscriptionOptions(0)})
+    assert b.merge_session(copy, now=1001.0) == 1
+    assert [d.message.msg_id for d in session.queue] == [1, 2]
+    assert set(session.subscriptions) == {"t/#", "u/#"}
+    assert b.subscriptions.match("u/y") == ["dev"]
+
+
+def test_a_remembered_session_does_not_get_back_what_it_was_given():
+    b = Broker(node_id="B")
+    session = b.install_session(stored([]), now=1000.0)
+    b.remembered["dev"] = set()
+    b.deliver(session, Delivery(msg("C", 1), 1, False, ()), now=1000.0)  # queued (offline): remembered
+    b.dequeue(session)  # as if sent and acknowledged
+    assert b.merge_session(stored([delivery(msg("C", 1), 3), delivery(msg("C", 9), 4)]), now=1001.0) == 1
+    assert [d.message.msg_id for d in session.queue] == [9]
+
+
+def test_merge_tail_orders_by_sequence_and_drops_direct_copies():
+    b = Broker(node_id="B")
+    session = b.install_session(stored([delivery(msg("C", 1), 5)]), now=1000.0)
+    direct = [delivery(msg("C", 3), 2000), delivery(msg("B", 1), 2001)]
+    for d in direct:
+        session.queue.append(d)
+    b.merge_handed_tail(session, add=[delivery(msg("C", 2), 6), delivery(msg("C", 3), 7)], drop=[direct[0]])
+    assert [(d.message.origin, d.message.msg_id) for d in session.queue] == [("C", 1), ("C", 2), ("C", 3), ("B", 1)]
