@@ -716,6 +716,10 @@ class Broker:
         self._pending_wills.pop(client_id, None)
         if session is None:
             return None
+        if not session.persistent:
+            # A clean session ends with its connection: nothing to hand over.
+            self._end_session(session, now, publish_pending_will=False, released=False)
+            return None
         session.will = None
         if session.disconnected_at is None:
             session.disconnected_at = now

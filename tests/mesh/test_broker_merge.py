@@ -60,3 +60,24 @@ def test_merge_tail_orders_by_sequence_and_drops_direct_copies():
         session.queue.append(d)
     b.merge_handed_tail(session, add=[delivery(msg("C", 2), 6), delivery(msg("C", 3), 7)], drop=[direct[0]])
     assert [(d.message.origin, d.message.msg_id) for d in session.queue] == [("C", 1), ("C", 2), ("C", 3), ("B", 1)]
+
+
+def test_a_clean_session_taken_over_elsewhere_ends_here():
+    from mesh.mqtt import Connect, Subscription
+
+    class Conn:
+        protocol_level = 5
+        session = None
+
+        def close(self, reason=None):
+            self.closed = reason
+
+        def take_will(self):
+            return None
+
+    b = Broker(node_id="A")
+    conn = Conn()
+    session, _ = b.open_session(conn, Connect(client_id="c", clean_start=True, protocol_level=5), "c", 1000.0)
+    b.subscribe(session, Subscription("k/#", 0), None, 1000.0)
+    assert b.detach_for_handoff("c", 1001.0) is None
+    assert conn.closed == 0x8E and "c" not in b.sessions and b.subscriptions.match("k/x") == []
