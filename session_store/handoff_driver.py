@@ -116,6 +116,9 @@ class Handoffs:
             if now - at > MOVED_MEMORY:
                 del self.moved[cid]
         self.register.prune(int(now * 1000))
+        alive = set(self.gossip.alive_members())
+        for key in [k for k in self._incoming if k[0] not in alive]:
+            del self._incoming[key]  # a push cut off midway: it starts over when the peer is back
         for cid, since in list(self._remembered_since.items()):
             if now - since > REMEMBER_FOR or cid not in self.broker.sessions:
                 del self._remembered_since[cid]
