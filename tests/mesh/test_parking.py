@@ -218,3 +218,23 @@ def test_accepted_clients_have_nagle_off(node):
     fds = node.call(lambda: [c.stream._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                              for c in node.node.broker.connections.values()])
     assert fds and all(fds)
+
+
+def test_connect_answered_inline_only_when_no_handoff_can_be_needed():
+    from types import SimpleNamespace
+
+    from mesh.connection import _handoff_is_noop
+
+    def handoffs(members: int, alive: list[str], locks: dict | None = None):
+        swim = SimpleNamespace(num_members=lambda: members)
+        gossip = SimpleNamespace(swim=swim)
+        return SimpleNamespace(_locks=locks or {}, gossip=gossip, _peers=lambda: bool(alive))
+
+    assert _handoff_is_noop(handoffs(1, []), "c", True, False)  # lone node, clean session
+    assert _handoff_is_noop(handoffs(3, []), "c", True, False)  # others known, none alive
+    assert not _handoff_is_noop(handoffs(3, ["B"]), "c", True, False)  # a live peer may own it
+    assert not _handoff_is_noop(handoffs(1, []), "c", False, False)  # clean start 0: claims
+    assert not _handoff_is_noop(handoffs(1, []), "c", True, True)  # persistent (v5 expiry)
+    assert not _handoff_is_noop(handoffs(1, [], {"c": object()}), "c", True, False)  # under way
+    assert not _handoff_is_noop(None, "c", True, False)
+    assert not _handoff_is_noop(SimpleNamespace(), "c", True, False)  # unknown shape: the task path
