@@ -15,9 +15,9 @@ whole outbox in one `send_all` per round, which coalesces writes per scheduler t
 and ends once the outbox is empty.
 
 Deadlines: `_deadline` (Trio clock) is the read side's one deadline: the CONNECT
-timeout, then keep alive, pushed forward on every read. The reader's cancel scope is
-not moved per read: when it fires, the reader looks at `_deadline` and either times
-out, parks the connection (idle) or carries on in a fresh scope.
+timeout, then keep alive, pushed forward on every read. A parkable reader's cancel
+scope is not moved per read: when it fires, the reader looks at `_deadline` and either
+times out, parks the connection (idle) or carries on in a fresh scope.
 
 Back-pressure: QoS 1/2 deliveries beyond the inflight window wait in the session queue
 (bounded by `max_queued_messages`); QoS 0 deliveries are dropped, and counted, while
@@ -594,6 +594,10 @@ class ClientConnection:
         receive = self.stream.receive_some
         grace = self.keep_alive * 1.5
         track = bool(grace) or self._lot is not None
+        # TLS and WebSocket streams: the scope's deadline moves with every read, so it
+        # fires only when keep alive ran out (their receive is not cancelled mid-stream
+        # for nothing). A parkable socket's scope fires anyway once a second (see `run`).
+        scope = self._reader_scope if self._lot is None else None
         while True:
             if self._rate_delay:
                 # publish_rate: read nothing more from this client until the PUBLISH
@@ -612,6 +616,8 @@ class ClientConnection:
                 self._idle_since = now
                 if grace:
                     self._deadline = now + grace
+                    if scope is not None:
+                        scope.deadline = self._deadline
             try:
                 decoder.feed(data)
             except MQTTError as exc:

@@ -238,3 +238,17 @@ def test_connect_answered_inline_only_when_no_handoff_can_be_needed():
     assert not _handoff_is_noop(handoffs(1, [], {"c": object()}), "c", True, False)  # under way
     assert not _handoff_is_noop(None, "c", True, False)
     assert not _handoff_is_noop(SimpleNamespace(), "c", True, False)  # unknown shape: the task path
+
+
+@pytest.mark.parametrize("transport", ["tcp", "websockets"])
+def test_keep_alive_pushed_by_traffic_then_enforced(node, transport):
+    # paho pings every second with keep alive 1: 2.5 s connected is past the first
+    # 1.5 s deadline, so the deadline moved (parked TCP and task-held WebSocket alike).
+    c = Client(f"ka-{transport}", version=5, transport=transport)
+    port = node.ports["ws"] if transport == "websockets" else node.mqtt_port
+    c.connect(port, keepalive=1)
+    c.subscribe("ka/x", 0)
+    time.sleep(2.5)
+    c.publish("ka/x", b"still here")
+    assert c.expect(1)[0].payload == b"still here"
+    assert c.disconnects.empty()
