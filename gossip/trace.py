@@ -55,7 +55,12 @@ TRACE_FIELDS: tuple[str, ...] = (
 # and ``took_us`` (detection: onset to detection; heal: first contact to one view).
 # ``suspicion_us`` on a detection is the minimum suspicion timeout for the view's size,
 # the yardstick for its detection time.
-OPTIONAL_FIELDS: tuple[str, ...] = ("peers", "majority", "took_us", "suspicion_us")
+# ``session_handoff`` records (written by the node the session moved to, or by the one
+# whose copy was merged) carry ``to``, ``outcome`` (ok / fallback / merged), ``reason``
+# (why a fallback), ``duration_ms`` and ``messages`` (messages that came along).
+OPTIONAL_FIELDS: tuple[str, ...] = (
+    "peers", "majority", "took_us", "suspicion_us", "to", "outcome", "reason", "duration_ms", "messages",
+)
 
 TRACE_KINDS: frozenset[str] = frozenset(
     {

@@ -34,6 +34,11 @@ ARROW_SCHEMA = pa.schema(
         ("majority", pa.bool_()),
         ("took_us", pa.int64()),
         ("suspicion_us", pa.int64()),
+        ("to", pa.string()),
+        ("outcome", pa.string()),
+        ("reason", pa.string()),
+        ("duration_ms", pa.float64()),
+        ("messages", pa.int64()),
     ]
 )
 ROWS_PER_FILE = 2_000_000  # Parquet files Spark can read in parallel

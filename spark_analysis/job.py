@@ -18,7 +18,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import dissemination, failures, lifetimes, partitions, summary
+from . import dissemination, failures, handoffs, lifetimes, partitions, summary
 from .errors import ReportError
 from .load import load_traces
 from .render import PlotData, render_report
@@ -27,7 +27,7 @@ from .stats import APPROX_ACCURACY, EXACT_LIMIT, Method, choose_method
 FORMATS = ("html", "json", "csv", "parquet")
 DEFAULT_FORMATS = ("html", "json", "csv")
 PLOT_EVENT_LIMIT = 200_000  # events collected for the CDF; sampled above this
-STAGES = 7
+STAGES = 8
 
 
 @dataclass
@@ -172,6 +172,12 @@ def _run(
         "per-node lag and partitions", lag_and_partitions
     )
 
+    def sessions() -> tuple[DataFrame, dict[str, Any]]:
+        moves = handoffs.handoffs(traces).cache()
+        return moves, summary.handoff_summary(moves)
+
+    moves, handoff_summary = stages.run("session handoffs", sessions)
+
     result_summary: dict[str, Any] = {
         "nodes": facts["nodes"],
         "events": loaded.rows,
@@ -183,6 +189,7 @@ def _run(
         "detection": det_summary,
         "false_positives": fp_summary,
         "partitions": part_summary,
+        "handoffs": handoff_summary,
         "per_node_lag": lag_top,
         "percentiles": {
             "exact_limit_rows_per_group": exact_limit,
@@ -202,6 +209,7 @@ def _run(
             "crashes": det.orderBy("crash_ts_us", "member"),
             "false_positives": fp.orderBy("ts_us", "member"),
             "partitions": episodes.orderBy("detected_ts_us", "node"),
+            "handoffs": moves.orderBy("ts_us", "client_id"),
         }
         for name, df in frames.items():
             if "csv" in formats:
@@ -224,7 +232,7 @@ def _run(
         written.extend(sorted(out.glob("*.png")) + [html_path])
 
     stages.run("plots and html", page)
-    for df in (traces, life, obs, heads, arrays, events, det, fp, lag, episodes):
+    for df in (traces, life, obs, heads, arrays, events, det, fp, lag, episodes, moves):
         df.unpersist()
     return ReportResult(result_summary, out, written, stages.timings)
 

@@ -160,6 +160,10 @@ img{max-width:100%} .empty{color:#888}
 """
 
 
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
 def _side(majority: bool | None) -> str:
     return "n/a" if majority is None else ("majority" if majority else "minority")
 
@@ -187,6 +191,11 @@ def headline_rows(summary: dict[str, Any]) -> list[list[str]]:
         ["partition detection p99 (majority / minority side)",
          " / ".join(fmt_s(part.get("by_side", {}).get(k, {}).get("detection_s_p99")) for k in ("majority", "minority"))],
         ["partition heal p99 (first contact to one view)", fmt_s(part.get("heal_s_p99"))],
+        ["session handoffs (moved / fell back / merged)",
+         " / ".join(str(summary.get("handoffs", {}).get("by_outcome", {}).get(k, {}).get("handoffs", 0))
+                    for k in ("ok", "fallback", "merged"))],
+        ["handoff p50 / p99 (CONNECT to session here)",
+         " / ".join(_ms(summary.get("handoffs", {}).get("by_outcome", {}).get("ok", {}).get(k)) for k in ("median_ms", "p99_ms"))],
         ["bad lines skipped", str(summary["input"]["bad_lines"])],
     ]
 
@@ -218,6 +227,10 @@ def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
     incomplete = ", ".join(f"{k}: {n}" for k, n in sorted(plots.incomplete_by_kind.items()) if n)
     fp = summary["false_positives"]
     fp_rows = [[r["member"], r["declared_by"], r["ts_us"]] for r in fp["list"]]
+    handoff_rows = [
+        [outcome, v["handoffs"], _ms(v["median_ms"]), _ms(v["p99_ms"]), _ms(v["max_ms"]), v["messages"]]
+        for outcome, v in summary.get("handoffs", {}).get("by_outcome", {}).items()
+    ]
     part_rows = [
         [r["node"], r["subject"], r.get("peers") or "", _side(r.get("majority")), r["detected_ts_us"],
          r["healed_ts_us"] or "not healed", fmt_s(r["detection_s"]), fmt_s(r["heal_s"])]
@@ -264,6 +277,11 @@ other side to one view.</p>
         "no partition detected")}
 {_table(["node", "partition", "other side", "side", "detected_ts_us", "healed_ts_us", "detection", "heal"], part_rows,
         "no partition detected")}
+<h2>Session handoffs</h2>
+<p>A client that reconnects to another node: the time from its CONNECT there to its
+session being there (ok), takeovers that fell back because the owner did not answer,
+and copies merged in later.</p>
+{_table(["outcome", "handoffs", "median", "p99", "max", "messages moved"], handoff_rows, "no session handoff")}
 <h2>Slowest nodes</h2>
 {img("per_node_lag.png", "per-node lag")}
 {_table(["node", "observations", "median delay", "p99 delay"], lag_rows, "no observations")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import (
     BooleanType,
+    DoubleType,
     LongType,
     StringType,
     StructField,
@@ -31,6 +32,12 @@ TRACE_SCHEMA = StructType(
         StructField("majority", BooleanType(), True),
         StructField("took_us", LongType(), True),
         StructField("suspicion_us", LongType(), True),
+        # optional: session_handoff records only
+        StructField("to", StringType(), True),
+        StructField("outcome", StringType(), True),
+        StructField("reason", StringType(), True),
+        StructField("duration_ms", DoubleType(), True),
+        StructField("messages", LongType(), True),
     ]
 )
 

@@ -8,6 +8,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from .handoffs import handoff_summary as per_outcome
 from .stats import Method, pct
 
 LIST_LIMIT = 1000  # rows kept in summary.json lists; the CSV tables hold them all
@@ -197,3 +198,18 @@ def lag_summary(lag: DataFrame, top: int = LAG_TOP) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def handoff_summary(rows: DataFrame) -> dict[str, Any]:
+    """Session handoffs per outcome: count, duration median / p99 / max, messages."""
+    by_outcome = {
+        r["outcome"]: {
+            "handoffs": r["handoffs"],
+            "median_ms": json_number(r["median_ms"]),
+            "p99_ms": json_number(r["p99_ms"]),
+            "max_ms": json_number(r["max_ms"]),
+            "messages": r["messages"] or 0,
+        }
+        for r in per_outcome(rows).collect()
+    }
+    return {"count": sum(v["handoffs"] for v in by_outcome.values()), "by_outcome": by_outcome}

@@ -49,6 +49,13 @@ def _build() -> list[dict]:
     recs += _obs("S2", "member_suspect", "a", 58, "c", [("a", 58, 0)])
     recs.append(trace_record(ts_us=60 * S, node="a", kind="partition_detected", subject="c"))
     recs.append(trace_record(ts_us=70 * S, node="a", kind="partition_healed", subject="c"))
+    # Session handoffs, as the taker writes them: two moves and one fallback.
+    recs.append(trace_record(ts_us=62 * S, node="b", kind="session_handoff", subject="dev", origin="a",
+                             to="b", outcome="ok", duration_ms=12.0, messages=5))
+    recs.append(trace_record(ts_us=64 * S, node="c", kind="session_handoff", subject="dev", origin="b",
+                             to="c", outcome="ok", duration_ms=30.0, messages=2))
+    recs.append(trace_record(ts_us=66 * S, node="b", kind="session_handoff", subject="dev2", origin="d",
+                             to="b", outcome="fallback", reason="owner unreachable", duration_ms=0.0, messages=0))
     for n in "abc":
         recs.append(trace_record(ts_us=80 * S, node=n, kind="node_stop", subject=n))
     return recs

@@ -40,6 +40,10 @@ def test_summary_json_headline_numbers(report):
     part = s["partitions"]
     assert (part["count"], part["healed"], part["detection_s_p50"], part["heal_s_max"]) == (1, 1, 2.0, 10.0)
     assert [r["node"] for r in s["per_node_lag"]] == ["d", "c", "a", "b"]
+    assert s["handoffs"] == {"count": 3, "by_outcome": {
+        "fallback": {"handoffs": 1, "median_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "messages": 0},
+        "ok": {"handoffs": 2, "median_ms": 12.0, "p99_ms": 30.0, "max_ms": 30.0, "messages": 7},
+    }}
     assert s["percentiles"]["events"]["method"] == "exact"
     assert s["percentiles"]["coverage_times"]["interpolation"] == "nearest-rank"
     assert s["input"]["bad_lines"] == 0 and s["sim"] is True
@@ -56,6 +60,10 @@ def test_tables_are_written(report):
     assert nodes["d"]["end_kind"] == "node_crash" and nodes["d"]["lag_p50_s"] == "2.0"
     for name in ("crashes", "false_positives", "partitions"):
         assert len((out / f"{name}.csv").read_text().splitlines()) == 2  # header + one row
+    with open(out / "handoffs.csv") as f:
+        moves = list(csv.DictReader(f))
+    assert [(r["client_id"], r["from_node"], r["to_node"], r["outcome"]) for r in moves] == [
+        ("dev", "a", "b", "ok"), ("dev", "b", "c", "ok"), ("dev2", "d", "b", "fallback")]
 
 
 def test_html_and_pngs(report):
@@ -80,4 +88,4 @@ def test_html_and_pngs(report):
 def test_progress_line_per_stage(report):
     _, _, lines = report
     stages = [line for line in lines if line.startswith("meshd report: [")]
-    assert len(stages) == 7 and stages[-1].startswith("meshd report: [7/7]")
+    assert len(stages) == 8 and stages[-1].startswith("meshd report: [8/8]")

@@ -23,7 +23,7 @@ def test_report_on_simulated_cluster_matches_the_simulator(spark, tmp_path, caps
 
     # The simulator's summary.json sits beside the traces and must not be read as one.
     assert cli.main([str(sim_dir), "--out", str(out), "--master", "local[1]"]) == 0
-    assert "meshd report: [7/7]" in capsys.readouterr().err
+    assert "meshd report: [8/8]" in capsys.readouterr().err
     s = json.loads((out / "summary.json").read_text())
 
     assert s["sim"] is True and s["nodes"] == 20 and s["input"]["bad_lines"] == 0
