@@ -3,13 +3,16 @@
 Task tree (one nursery per layer, so shutdown can go in order):
 
     run_node ── signal receiver
-     └ Node.serve ── connections nursery (one task tree per client)
-                  └ services nursery: TCP listener, WebSocket listener, HTTP API,
-                                      broker timers, $SYS publisher
+     └ Node.serve ── connections nursery (client reader and writer tasks; an idle
+                  │                     plain-TCP client has none: it waits in the
+                  │                     ParkingLot, mesh/parking.py)
+                  └ services nursery: TCP listener, parking lot, WebSocket listener,
+                                      HTTP API, broker timers, $SYS publisher
 
 Shutdown (SIGINT/SIGTERM or `request_shutdown()`): the services stop (no new
 connections), every client gets DISCONNECT 0x8B (v5) and its outbox flushed, and the
-connections get `shutdown_timeout` seconds to finish before they are cancelled.
+connections get `shutdown_timeout` seconds to finish before they are cancelled;
+sockets still waiting for their CONNECT are closed at once.
 """
 
 from __future__ import annotations
