@@ -127,7 +127,16 @@ class Handoffs:
     # ------------------------------------------------------------ ownership
 
     def _peers(self) -> bool:
+        swim = getattr(self.gossip, "swim", None)
+        if swim is not None and swim.num_members() <= 1:
+            return False  # only this node in the view: skip building the member list
         return bool(self.gossip.alive_members())
+
+    def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool:
+        """Whether `prepare_connect` would return 'ok' at once, changing nothing: a
+        clean session on a node with no live peer and no CONNECT of that id under way.
+        The connection answers such a CONNECT without awaiting anything."""
+        return clean_start and not persistent and client_id not in self._locks and not self._peers()
 
     def _announce(self, claim: Claim) -> None:
         if self._peers():
@@ -184,7 +193,7 @@ class Handoffs:
         """Before a CONNECT opens its session here: claim the client id, and when the
         session lives on another node, take it over.  'ok' to go on; 'superseded' when
         a newer CONNECT elsewhere won (close this one with 0x8E)."""
-        if clean_start and not persistent and not self._peers():
+        if self.connect_is_local(client_id, clean_start, persistent):
             return "ok"  # a lone node keeps no claims for clean sessions: the fast path
         lock = self._locks.get(client_id)
         if lock is None:
