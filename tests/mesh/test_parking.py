@@ -223,21 +223,37 @@ def test_accepted_clients_have_nagle_off(node):
 def test_connect_answered_inline_only_when_no_handoff_can_be_needed():
     from types import SimpleNamespace
 
+    from mesh.broker import Broker
     from mesh.connection import _handoff_is_noop
+    from session_store.handoff_driver import Handoffs
 
-    def handoffs(members: int, alive: list[str], locks: dict | None = None):
-        swim = SimpleNamespace(num_members=lambda: members)
-        gossip = SimpleNamespace(swim=swim)
-        return SimpleNamespace(_locks=locks or {}, gossip=gossip, _peers=lambda: bool(alive))
+    class Gossip:
+        def __init__(self, members: int, alive: list[str]) -> None:
+            self.swim = SimpleNamespace(num_members=lambda: members)
+            self.alive = alive
+
+        def on_broadcast(self, kind, handler):
+            pass
+
+        def register_push_pull(self, name, get, merge):
+            pass
+
+        def alive_members(self):
+            return self.alive
+
+    def handoffs(members: int, alive: list[str]) -> Handoffs:
+        return Handoffs(node_id="A", broker=Broker(node_id="A"), gossip=Gossip(members, alive), cluster=None,
+                        trace=SimpleNamespace(emit=lambda **kw: None))
 
     assert _handoff_is_noop(handoffs(1, []), "c", True, False)  # lone node, clean session
     assert _handoff_is_noop(handoffs(3, []), "c", True, False)  # others known, none alive
     assert not _handoff_is_noop(handoffs(3, ["B"]), "c", True, False)  # a live peer may own it
     assert not _handoff_is_noop(handoffs(1, []), "c", False, False)  # clean start 0: claims
     assert not _handoff_is_noop(handoffs(1, []), "c", True, True)  # persistent (v5 expiry)
-    assert not _handoff_is_noop(handoffs(1, [], {"c": object()}), "c", True, False)  # under way
+    busy = handoffs(1, [])
+    busy._locks["c"] = object()  # a CONNECT of the same id under way
+    assert not _handoff_is_noop(busy, "c", True, False)
     assert not _handoff_is_noop(None, "c", True, False)
-    assert not _handoff_is_noop(SimpleNamespace(), "c", True, False)  # unknown shape: the task path
 
 
 @pytest.mark.parametrize("transport", ["tcp", "websockets"])
