@@ -283,6 +283,12 @@ class ClientConnection:
         if delivery.message.expired(now):
             self.broker.stats.dropped_expired += 1
             return
+        if self.closing:
+            # DISCONNECT is on its way: nothing may follow it on the wire (QoS >= 1
+            # waits in the session for the next connection).
+            if delivery.qos:
+                self.broker.enqueue(session, delivery)
+            return
         if delivery.qos == 0:
             if self._outbox_bytes > OUTBOX_LIMIT:
                 self.broker.stats.dropped_slow_consumer += 1
