@@ -40,6 +40,13 @@ _T_RELAY_EXPIRE = 6
 _T_REAP = 7
 _T_REJOIN = 8
 _T_RECONNECT = 9
+_T_HEAL_BURST = 10
+
+# Push-pulls a node makes, one per probe interval, once it learns the cluster had
+# declared it dead (the far side of a healed split): full-state exchanges carry the
+# refutations of the whole side in one go, where gossip would spread them one
+# piggyback at a time (about a thousand of them after a large split).
+HEAL_BURST_PUSH_PULLS = 5
 
 
 @dataclass(slots=True)
@@ -171,6 +178,7 @@ class Swim:
         self._schedule(now + config.reconnect_interval * (1 + rng.random()), _T_RECONNECT, None)
         # members forgotten after being dead: id -> (address, when lost), for reconnect
         self._lost: dict[str, tuple[Addr, float]] = {}
+        self._burst_left = 0
         # lost member -> (next attempt, current backoff delay)
         self._reconnect_tries: dict[str, tuple[float, float]] = {}
 
@@ -503,6 +511,7 @@ class Swim:
             # dead or "left" about us while we are not leaving (e.g. we restarted after
             # a graceful stop): out-rank it
             self._accused(inc, now)
+            self._start_heal_burst(now)
             return
         m = self.members.get(node)
         if m is None or inc < m.incarnation or m.state in (DEAD, LEFT):
@@ -525,6 +534,23 @@ class Swim:
             # an accusation older than our last refutation still circulates: whoever
             # sent it missed the refutation, so announce our current incarnation again
             self._queue_alive(self.id, self.incarnation, self.addr, self.id, self._ts(now), 0)
+
+    def _start_heal_burst(self, now: float) -> None:
+        if self._burst_left > 0 or self.leaving:
+            return
+        self._burst_left = HEAL_BURST_PUSH_PULLS
+        self._schedule(now + self.config.probe_interval * self.rng.random(), _T_HEAL_BURST, None)
+
+    def _heal_burst(self, now: float) -> None:
+        if self._burst_left <= 0 or self.leaving:
+            self._burst_left = 0
+            return
+        self._burst_left -= 1
+        picked = self._random_members(1, exclude=None, states=(ALIVE,))
+        if picked:
+            self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
+        if self._burst_left > 0:
+            self._schedule(now + self.config.probe_interval, _T_HEAL_BURST, None)
 
     def _refute(self, accused_inc: int, now: float) -> None:
         self.incarnation = max(self.incarnation + 1, accused_inc + 1)
@@ -612,6 +638,8 @@ class Swim:
                 self._remove_other(node)
                 if m.state == DEAD:
                     self._lost[node] = (m.addr, since)
+        elif kind == _T_HEAL_BURST:
+            self._heal_burst(now)
         elif kind == _T_RECONNECT:
             self._reconnect(now)
             self._schedule(now + self.config.reconnect_interval, _T_RECONNECT, None)
@@ -884,6 +912,8 @@ class Swim:
             elif state == LEFT:
                 self._dead(node, inc, node, changed_us, 1, now)
             elif state in (SUSPECT, DEAD):
+                if node == self.id and state == DEAD:
+                    self._start_heal_burst(now)  # the far side of a split held us dead
                 if not trusted and node != self.id:
                     m = self.members.get(node)
                     if m is not None and m.state == ALIVE:

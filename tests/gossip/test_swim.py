@@ -126,6 +126,29 @@ def test_dead_about_ourselves_is_refuted_too() -> None:
     assert sw.incarnation == 8 and sw.members["a"].state == ALIVE
 
 
+def test_declared_dead_starts_a_burst_of_push_pulls_suspected_does_not() -> None:
+    from gossip.swim import HEAL_BURST_PUSH_PULLS
+
+    def push_pulls(sw: Swim, until: float) -> int:
+        count, t = 0, 0.1
+        while t < until:
+            sw.handle_timer(t)
+            for _, frame in sw.streams_to_open():
+                # reconnects to lost members build their frame lazily (callables)
+                if isinstance(frame, bytes) and wire.decode_frame_body(frame)["t"] == wire.PUSH_PULL:
+                    count += 1
+            sw.datagrams_to_send(t)
+            t += 0.05
+        return count
+
+    calm = lone()
+    feed(calm, suspect("a", 0))
+    assert push_pulls(calm, 10 * CFG.probe_interval) == 0
+    healed = lone()
+    feed(healed, dead("a", 0))
+    assert push_pulls(healed, 10 * CFG.probe_interval) == HEAL_BURST_PUSH_PULLS
+
+
 def test_refutation_spreads_and_clears_the_suspicion() -> None:
     c = Cluster(["a", "b", "c", "d"], CFG)
     c.drop = lambda src, dst, types: dst == "b" or src == "b"
