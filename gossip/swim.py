@@ -43,10 +43,11 @@ _T_RECONNECT = 9
 _T_HEAL_BURST = 10
 
 # Push-pulls a node makes, one per probe interval, once it learns the cluster had
-# declared it dead (the far side of a healed split): full-state exchanges carry the
-# refutations of the whole side in one go, where gossip would spread them one
-# piggyback at a time (about a thousand of them after a large split).
+# declared it dead, or sees a member it held dead come back (either side of a healed
+# split): full-state exchanges carry the refutations of a whole side in one go, where
+# gossip would spread them one piggyback at a time (a thousand after a large split).
 HEAL_BURST_PUSH_PULLS = 5
+HEAL_BURST_QUIET = 30  # probe intervals between two bursts
 
 
 @dataclass(slots=True)
@@ -179,6 +180,7 @@ class Swim:
         # members forgotten after being dead: id -> (address, when lost), for reconnect
         self._lost: dict[str, tuple[Addr, float]] = {}
         self._burst_left = 0
+        self._burst_quiet_until = 0.0
         # lost member -> (next attempt, current backoff delay)
         self._reconnect_tries: dict[str, tuple[float, float]] = {}
 
@@ -462,6 +464,8 @@ class Swim:
             m.state, m.state_change = ALIVE, now
             m.state_change_us = ts = self._ts(now)
             self._events.append(MemberChanged(ts, node, addr, ALIVE, inc, origin, ots, _eid(origin, ALIVE, node, inc, ots), hops))
+            if old == DEAD:
+                self._start_heal_burst(now)  # a lost member is back: the rest may be too
 
     def _suspect(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
         if node == self.id:
@@ -536,9 +540,12 @@ class Swim:
             self._queue_alive(self.id, self.incarnation, self.addr, self.id, self._ts(now), 0)
 
     def _start_heal_burst(self, now: float) -> None:
-        if self._burst_left > 0 or self.leaving:
+        if self._burst_left > 0 or self.leaving or now < self._burst_quiet_until:
             return
         self._burst_left = HEAL_BURST_PUSH_PULLS
+        # at most one burst per HEAL_BURST_QUIET probe intervals (a flapping member
+        # must not turn into a stream of full-state exchanges)
+        self._burst_quiet_until = now + HEAL_BURST_QUIET * self.config.probe_interval
         self._schedule(now + self.config.probe_interval * self.rng.random(), _T_HEAL_BURST, None)
 
     def _heal_burst(self, now: float) -> None:
