@@ -69,7 +69,7 @@ class MdnsDiscovery:
             try:
                 send.send_nowait(item)
             except (trio.WouldBlock, trio.ClosedResourceError):
-                pass
+                pass  # a full queue or a stopped browser: the next announcement brings it again
 
         def on_change(zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
             # runs on zeroconf's browser thread, where blocking lookups are allowed

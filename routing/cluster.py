@@ -172,6 +172,7 @@ class Cluster:
                             len(self.held.members[member].filters))
             elif state == "left":
                 self._forget_held(member)
+                self._recent.pop(member, None)
             dropped = self.table.drop_origin(member)
             if dropped:
                 log.info("member %s %s: dropped its %d routes", member, state, len(dropped))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from session_store import records
-from session_store.model import Delivery, InflightEntry, Message, Session, SubscriptionOptions
+from session_store.model import Delivery, Message, Session, SubscriptionOptions
 from session_store.store import StoredSession
 
 # B numbers its own queue entries from A's next sequence number plus this gap: above
@@ -294,7 +294,3 @@ def merge_stale(image: StoredSession, stale: Session) -> StoredSession:
         known.add(message_key(d.message))
     image.next_seq = seq
     return image
-
-
-def inflight_entries(stored: StoredSession) -> dict[int, InflightEntry]:
-    return {pid: InflightEntry(d, st) for pid, d, st in stored.inflight}

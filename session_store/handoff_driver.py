@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from gossip.trace import NullTraceWriter, TraceWriter
     from mesh.broker import Broker
     from routing.cluster import Cluster
-    from session_store.model import Session
 
 log = logging.getLogger("meshd.handoff")
 
@@ -521,12 +520,6 @@ class Handoffs:
         self.stats.merged_in += 1
         log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)
         return "ho_state", {"ok": True}
-
-    # ------------------------------------------------------------ inspection
-
-    def session_owner(self, client_id: str) -> str | None:
-        return self.register.owner(client_id)
-
 
 def _stamp(data: Any) -> HlcTimestamp:
     try:

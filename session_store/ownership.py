@@ -91,9 +91,6 @@ class OwnershipRegister:
             del self.claims[cid]
         return len(old)
 
-    def owned_by(self, node: str) -> list[str]:
-        return [cid for cid, c in self.claims.items() if c.owner == node]
-
     def to_wire(self) -> list:
         return [c.to_wire() for c in self.claims.values()]
 

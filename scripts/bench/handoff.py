@@ -67,6 +67,16 @@ class RawClient:
             out.append(p)
         return out
 
+    def expect(self, kind: type, timeout: float = 10.0) -> list:
+        """Read until a packet of `kind` arrives; every packet read so far, that one last."""
+        deadline = time.monotonic() + timeout
+        seen: list = []
+        while time.monotonic() < deadline:
+            seen.extend(self.packets(max(0.01, deadline - time.monotonic())))
+            if any(isinstance(p, kind) for p in seen):
+                return seen
+        raise TimeoutError(f"no {kind.__name__} within {timeout:g} s")
+
     def send(self, packet) -> None:
         self.sock.sendall(encode(packet, 5))
 
@@ -74,7 +84,7 @@ class RawClient:
         try:
             self.send(Disconnect())
         except OSError:
-            pass
+            pass  # the broker went first: closing is all that is left
         self.sock.close()
 
 
@@ -98,8 +108,7 @@ class Publisher(threading.Thread):
 
     def _run(self) -> None:
         c = self.client
-        while not any(isinstance(p, Connack) for p in c.packets(5)):
-            pass
+        c.expect(Connack)
         start = time.monotonic()
         while not self.stopping.is_set():
             due = int((time.monotonic() - start) * self.rate)
@@ -139,11 +148,9 @@ def run(nodes_n: int, handoffs: int, rate: float, dwell: float, workdir: str, lo
     try:
         ports = [n.port for n in nodes]
         sub = RawClient(ports[0], CLIENT_ID, clean_start=True)
-        while not any(isinstance(p, Connack) for p in sub.packets(5)):
-            pass
+        sub.expect(Connack)
         sub.send(Subscribe(packet_id=1, subscriptions=(Subscription(TOPIC, 1),)))
-        while not any(isinstance(p, Suback) for p in sub.packets(5)):
-            pass
+        sub.expect(Suback)
         for node in nodes:
             while not any(r["filter"] == TOPIC for r in request_json(node.http_addr, "GET", "/api/v1/routes")[1]["routes"]):
                 time.sleep(0.05)
@@ -161,11 +168,8 @@ def run(nodes_n: int, handoffs: int, rate: float, dwell: float, workdir: str, lo
             t0 = time.perf_counter()
             trail.append((time.time(), -1, f"hop to n{at}"))
             sub = RawClient(ports[at], CLIENT_ID, clean_start=False)
-            while True:
-                packets = sub.packets(10)
-                connack = next((p for p in packets if isinstance(p, Connack)), None)
-                if connack is not None:
-                    break
+            packets = sub.expect(Connack)
+            connack = next(p for p in packets if isinstance(p, Connack))
             latencies.append((time.perf_counter() - t0) * 1000)
             if not connack.session_present:
                 absent += 1

@@ -16,6 +16,17 @@ def persistent(client_id: str) -> Client:
     return Client(client_id, version=5, clean=False)
 
 
+def subscribed_then_offline(nodes, node, client_id: str, topic_filter: str, qos: int = 1) -> Client:
+    """A persistent v5 client that subscribes on `node`, waits until every node routes
+    the filter there, and disconnects: its session waits on `node`."""
+    sub = persistent(client_id)
+    sub.connect(node.port, expiry=3600)
+    sub.subscribe(topic_filter, qos)
+    wait_route(nodes.values(), topic_filter, {node.node_id})
+    sub.disconnect()
+    return sub
+
+
 def test_v311_persistent_session_moves_too(cluster3):
     a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
     sub = Client("old-school", version=4, clean=False)
@@ -36,11 +47,7 @@ def test_v311_persistent_session_moves_too(cluster3):
 
 def test_offline_queue_moves_to_the_node_the_client_reconnects_to(cluster3):
     a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
-    sub = persistent("mover")
-    sub.connect(a.port, expiry=3600)
-    sub.subscribe("move/#", 1)
-    wait_route(cluster3.values(), "move/#", {"A"})
-    sub.disconnect()
+    sub = subscribed_then_offline(cluster3, a, "mover", "move/#")
     pub = Client("pub-c", version=5)
     pub.connect(c.port)
     for i in range(50):
@@ -138,11 +145,7 @@ def test_reconnects_across_nodes_while_publishing_lose_nothing(cluster3):
 
 def test_owner_killed_during_reconnect_then_its_copy_is_merged_when_it_returns(cluster3):
     a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
-    sub = persistent("survivor")
-    sub.connect(a.port, expiry=3600)
-    sub.subscribe("kill/#", 1)
-    wait_route(cluster3.values(), "kill/#", {"A"})
-    sub.disconnect()
+    sub = subscribed_then_offline(cluster3, a, "survivor", "kill/#")
     pub = Client("pub-kill", version=5)
     pub.connect(c.port)
     for i in range(20):
@@ -173,11 +176,7 @@ def no_auto_reconnect(client: Client) -> Client:
 
 def test_concurrent_connects_on_two_nodes_leave_exactly_one(cluster3):
     a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
-    first = persistent("twin")
-    first.connect(a.port, expiry=3600)
-    first.subscribe("twin/#", 1)
-    wait_route(cluster3.values(), "twin/#", {"A"})
-    first.disconnect()
+    subscribed_then_offline(cluster3, a, "twin", "twin/#")
     twins = {name: no_auto_reconnect(persistent("twin")) for name in "BC"}
     results: dict[str, object] = {}
     threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, twins[n].connect(cluster3[n].port, expiry=3600)))
@@ -272,11 +271,7 @@ def test_a_silent_third_node_does_not_stop_a_handoff(cluster3):
     import signal
 
     a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
-    sub = persistent("patient")
-    sub.connect(a.port, expiry=3600)
-    sub.subscribe("patient/#", 1)
-    wait_route(cluster3.values(), "patient/#", {"A"})
-    sub.disconnect()
+    sub = subscribed_then_offline(cluster3, a, "patient", "patient/#")
     pub = Client("pub-patient", version=5)
     pub.connect(a.port)
     for i in range(5):

@@ -8,7 +8,7 @@ import os
 import signal
 
 from mesh.http_client import request_json
-from tests.cluster.test_mesh_processes import cluster3, wait_route  # noqa: F401  (fixture)
+from tests.cluster.test_mesh_processes import cluster3, start_cluster, wait_route  # noqa: F401  (fixture)
 from tests.cluster.test_membership_processes import view, wait_for
 from tests.support import Client
 
@@ -47,20 +47,10 @@ def test_messages_for_an_unreachable_member_are_held_and_replayed(cluster3):
 def test_operations_can_be_refused_during_a_netsplit(tmp_path):
     """allow_*_during_netsplit off on C: while C sees a partition (A frozen), C answers
     CONNECT with 0x88, SUBSCRIBE and PUBLISH with 0x83; after the heal, all is accepted."""
-    from tests.support import MeshdProcess, free_port
-    from tests.cluster.test_membership_processes import FAST
-
-    ports = [free_port() for _ in range(3)]
     strict = ("--no-allow-connect-during-netsplit", "--no-allow-subscribe-during-netsplit",
               "--no-allow-publish-during-netsplit")
-    nodes = {
-        name: MeshdProcess(str(tmp_path / name), *FAST, "--seed", f"127.0.0.1:{ports[0]}", *(strict if name == "C" else ()),
-                           http=True, gossip_port=ports[i], node_id=name)
-        for i, name in enumerate("ABC")
-    }
+    nodes = start_cluster(tmp_path, extra={"C": strict})
     try:
-        for n in nodes.values():
-            n.start()
         a, c = nodes["A"], nodes["C"]
         wait_for(lambda: sum(v == "alive" for v in view(c).values()) == 3, what="C sees 3 alive")
         early = Client("early", version=5)

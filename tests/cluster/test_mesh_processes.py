@@ -11,15 +11,17 @@ from tests.cluster.test_membership_processes import FAST, view, wait_for
 from tests.support import Client, MeshdProcess, free_port, run_cli
 
 
-def start_cluster(tmp_path, names: str = "ABC", attempts: int = 3) -> dict[str, MeshdProcess]:
-    """Nodes seeded with the first one's gossip port. A gossip port is fixed before
-    start (the seeds name it), so another process can take it meanwhile: then the
-    whole cluster starts again on fresh ports."""
+def start_cluster(tmp_path, names: str = "ABC", attempts: int = 3,
+                  extra: dict[str, tuple[str, ...]] | None = None) -> dict[str, MeshdProcess]:
+    """Nodes seeded with the first one's gossip port (`extra`: more flags per node). A
+    gossip port is fixed before start (the seeds name it), so another process can take
+    it meanwhile: then the whole cluster starts again on fresh ports."""
     for attempt in range(attempts):
         ports = [free_port() for _ in names]
         nodes = {
             name: MeshdProcess(str(tmp_path / f"{name}-{attempt}"), *FAST, "--sys-interval", "0.5", "--seed",
-                               f"127.0.0.1:{ports[0]}", http=True, gossip_port=ports[i], node_id=name)
+                               f"127.0.0.1:{ports[0]}", *(extra or {}).get(name, ()), http=True,
+                               gossip_port=ports[i], node_id=name)
             for i, name in enumerate(names)
         }
         try:
