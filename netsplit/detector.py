@@ -275,7 +275,9 @@ class PartitionDetector:
             self.states[member] = state
 
     def _current_view(self) -> frozenset[str]:
-        return frozenset(self._alive | self._where.keys() | {self.node_id})
+        # every member not gone for good: one merely suspect (or already dead) when a
+        # new group starts is still part of the view the majority is counted against
+        return frozenset(m for m, st in self.states.items() if st != LEFT) | self._where.keys() | {self.node_id}
 
     def _join_recent_partition(self, member: str, now: float) -> bool:
         # a member that stops answering just after a detection belongs to it (its
