@@ -49,6 +49,9 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-lifeguard", action="store_true", help="classic SWIM, for comparison")
     p.add_argument("--join", action="store_true", help="start with every node joining through n0 instead of a converged view")
     p.add_argument("--suspicion-mult", type=int, default=None, help="override the preset's suspicion multiplier")
+    p.add_argument("--sweep-mult", type=int, default=None,
+                   help="override the preset's sweep multiplier (extra probes per interval once two members are "
+                        "suspect at once; 0 turns sweeps off, for comparison)")
     p.add_argument("--out", required=True, help="directory for the traces (one JSON Lines file per node) and summary.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -74,6 +77,11 @@ def simulate_main(argv: list[str]) -> int:
     overrides: dict[str, Any] = {}
     if args.suspicion_mult is not None:
         overrides["suspicion_mult"] = args.suspicion_mult
+    if args.sweep_mult is not None:
+        if args.sweep_mult < 0:
+            print("meshd simulate: --sweep-mult must be 0 or more", file=sys.stderr)
+            return 2
+        overrides["sweep_mult"] = args.sweep_mult
     params = SimParams(
         nodes=args.nodes,
         seconds=args.seconds,

@@ -42,6 +42,10 @@ class GossipConfig:
     # Lifeguard local health: probes and suspicion timeouts of an unhealthy node
     # stretch by up to this factor (score 0 .. max-1).
     awareness_max_multiplier: int = 8
+    # Once two members are suspect at once, probe sweep_mult * ceil(log10 N) extra
+    # members per interval for three intervals (0: never), so a netsplit's far side
+    # is suspected within seconds instead of waiting for the round robin.
+    sweep_mult: int = 8
     # Lifeguard master switch (local health, nack, dynamic suspicion, buddy system);
     # off gives classic SWIM, which the simulator compares against.
     lifeguard: bool = True

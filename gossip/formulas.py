@@ -56,3 +56,15 @@ def push_pull_scale(interval: float, n: int) -> float:
 def scale_timeout(timeout: float, health_score: int) -> float:
     """Lifeguard local health: an unhealthy node (score > 0) waits longer."""
     return timeout * (health_score + 1)
+
+
+def sweep_size(sweep_mult: int, n: int) -> int:
+    """Extra probes per interval during a sweep: mult * ceil(log10 n), at most n - 1.
+
+    A side holding a fraction f of the members, each sweeping s others, leaves a far
+    member unprobed with p ~ exp(-f * s) per round; log10 n keeps the expected number
+    left over below one as the cluster grows (0 disables sweeps).
+    """
+    if sweep_mult <= 0 or n < 2:
+        return 0
+    return min(n - 1, sweep_mult * max(1, math.ceil(math.log10(n))))

@@ -24,7 +24,7 @@ from . import wire
 from .broadcasts import TransmitLimitedQueue
 from .config import LAN, GossipConfig
 from .events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
-from .formulas import push_pull_scale, remaining_suspicion_time, retransmit_limit, scale_timeout, suspicion_bounds
+from .formulas import push_pull_scale, remaining_suspicion_time, retransmit_limit, scale_timeout, suspicion_bounds, sweep_size
 
 Addr = tuple[str, int]
 PushPullProvider = tuple[Callable[[], object], Callable[[object], None]]
@@ -41,6 +41,9 @@ _T_REAP = 7
 _T_REJOIN = 8
 _T_RECONNECT = 9
 _T_HEAL_BURST = 10
+_T_SWEEP = 11
+_T_SWEEP_DIRECT = 12
+_T_SWEEP_END = 13
 
 # Push-pulls a node makes, one per probe interval, once it learns the cluster had
 # declared it dead, or sees a member it held dead come back (either side of a healed
@@ -48,6 +51,16 @@ _T_HEAL_BURST = 10
 # gossip would spread them one piggyback at a time (a thousand after a large split).
 HEAL_BURST_PUSH_PULLS = 5
 HEAL_BURST_QUIET = 30  # probe intervals between two bursts
+
+# Sweep: once two or more members are suspect at the same time (a correlated failure:
+# a cut cable more likely than two crashes), every node probes `sweep_size(n)` extra
+# members per probe interval for SWEEP_ROUNDS intervals.  One probe per node per
+# interval leaves a member of the far side unprobed for many intervals (with 600 of
+# 1,000 nodes probing, each far member is probed with p ~ 0.45 per interval, so the last
+# of 400 waits ~10 s); a sweep has the whole far side suspected within a few seconds,
+# and detection is then bounded by the suspicion timeout, not by the probe rate.
+SWEEP_ROUNDS = 3
+SWEEP_QUIET = 30  # probe intervals between two sweeps
 
 
 @dataclass(slots=True)
@@ -106,6 +119,8 @@ class Stats:
     probes: int = 0
     probe_failures: int = 0
     probes_inconclusive: int = 0
+    sweeps: int = 0
+    sweep_probes: int = 0
     fallback_acks: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
 
@@ -183,6 +198,9 @@ class Swim:
         self._burst_quiet_until = 0.0
         # lost member -> (next attempt, current backoff delay)
         self._reconnect_tries: dict[str, tuple[float, float]] = {}
+        self._sweep: dict[int, _Probe] = {}  # seq -> sweep probe in flight
+        self._sweep_left = 0
+        self._sweep_quiet_until = 0.0
 
     # ------------------------------------------------------------------ driver API
 
@@ -347,6 +365,10 @@ class Swim:
                 probe.acked = True
                 self._health_delta(-1)
             return
+        swept = self._sweep.get(seq)
+        if swept is not None:
+            swept.acked = True  # sweeps leave the health score to the regular probe
+            return
         relay = self._relays.get(seq)
         if relay is not None and not relay.done:
             relay.done = True
@@ -354,7 +376,9 @@ class Swim:
 
     def _on_nack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         probe = self._probe
-        if probe is not None and probe.seq == msg[1] and not probe.acked:
+        if probe is None or probe.seq != msg[1]:
+            probe = self._sweep.get(msg[1])
+        if probe is not None and not probe.acked:
             probe.nacks += 1
 
     def _on_ping_req(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
@@ -498,6 +522,8 @@ class Swim:
         s.deadline = now + remaining_suspicion_time(0, k, 0.0, lo, hi)
         self._suspicions[node] = s
         self._schedule(s.deadline, _T_SUSPECT, (node, s.token))
+        if len(self._suspicions) >= 2:
+            self._start_sweep(now)
 
     def _confirm(self, node: str, s: _Suspicion, by: str, now: float) -> bool:
         if len(s.confirmations) - 1 >= s.k or by in s.confirmations:
@@ -558,6 +584,50 @@ class Swim:
             self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
         if self._burst_left > 0:
             self._schedule(now + self.config.probe_interval, _T_HEAL_BURST, None)
+
+    def _start_sweep(self, now: float) -> None:
+        if self._sweep_left > 0 or self.leaving or now < self._sweep_quiet_until:
+            return
+        size = sweep_size(self.config.sweep_mult, len(self.members))
+        if size <= 0:
+            return
+        self.stats.sweeps += 1
+        self._sweep_left = SWEEP_ROUNDS
+        self._sweep_quiet_until = now + SWEEP_QUIET * self.config.probe_interval
+        self._sweep_round(now)
+
+    def _sweep_round(self, now: float) -> None:
+        if self._sweep_left <= 0 or self.leaving:
+            self._sweep_left = 0
+            return
+        self._sweep_left -= 1
+        busy = {p.target for p in self._sweep.values()}
+        if self._probe is not None:
+            busy.add(self._probe.target)
+        want = sweep_size(self.config.sweep_mult, len(self.members))
+        picked: list[str] = []
+        # continue the randomized round robin, so the rounds of a sweep (and the
+        # regular probes after it) reach different members; suspects are left to
+        # the regular probe and to their accusers
+        for _ in range(len(self._others)):
+            if len(picked) >= want:
+                break
+            node = self._next_probe_target()
+            if node is None:
+                break
+            if node not in busy and self.members[node].state == ALIVE:
+                busy.add(node)
+                picked.append(node)
+        for node in picked:
+            self._seq += 1
+            probe = _Probe(self._seq, node, now, self.health)
+            self._sweep[self._seq] = probe
+            self.stats.sweep_probes += 1
+            self._send(self.members[node].addr, [wire.encode_part([wire.PING, self._seq, node])])
+            self._schedule(now + self.config.probe_timeout, _T_SWEEP_DIRECT, self._seq)
+            self._schedule(now + self.config.probe_interval, _T_SWEEP_END, self._seq)
+        if self._sweep_left > 0:
+            self._schedule(now + self.config.probe_interval, _T_SWEEP, None)
 
     def _refute(self, accused_inc: int, now: float) -> None:
         self.incarnation = max(self.incarnation + 1, accused_inc + 1)
@@ -647,6 +717,16 @@ class Swim:
                     self._lost[node] = (m.addr, since)
         elif kind == _T_HEAL_BURST:
             self._heal_burst(now)
+        elif kind == _T_SWEEP:
+            self._sweep_round(now)
+        elif kind == _T_SWEEP_DIRECT:
+            probe = self._sweep.get(arg)
+            if probe is not None and not probe.acked:
+                self._ask_helpers(probe)
+        elif kind == _T_SWEEP_END:
+            probe = self._sweep.pop(arg, None)
+            if probe is not None and not probe.acked:
+                self._probe_failed(probe, now, sweep=True)
         elif kind == _T_RECONNECT:
             self._reconnect(now)
             self._schedule(now + self.config.reconnect_interval, _T_RECONNECT, None)
@@ -693,6 +773,10 @@ class Swim:
         probe = self._probe
         if probe is None or probe.seq != seq or probe.acked:
             return
+        self._ask_helpers(probe)
+
+    def _ask_helpers(self, probe: _Probe) -> None:
+        """No direct ack in time: ask others to ping the target for us."""
         target = self.members.get(probe.target)
         if target is None:
             return
@@ -700,26 +784,27 @@ class Swim:
         want_nack = self.config.lifeguard
         for hid in helpers:
             h = self.members[hid]
-            part = wire.encode_part([wire.PING_REQ, seq, probe.target, target.addr[0], target.addr[1], want_nack])
+            part = wire.encode_part([wire.PING_REQ, probe.seq, probe.target, target.addr[0], target.addr[1], want_nack])
             self._send(h.addr, [part])
         if want_nack:
             probe.expected_nacks = len(helpers)
         if self.config.tcp_fallback:
             # memberlist's fallback: a stream is not lost to UDP loss, so a live target
             # answers it even when every datagram of this probe was dropped
-            frame = wire.encode_frame_body(wire.PING, self.id, {"seq": seq, "target": probe.target})
+            frame = wire.encode_frame_body(wire.PING, self.id, {"seq": probe.seq, "target": probe.target})
             self._pp_out.append((target.addr, frame))
 
-    def _probe_failed(self, probe: _Probe, now: float) -> None:
+    def _probe_failed(self, probe: _Probe, now: float, *, sweep: bool = False) -> None:
         self.stats.probe_failures += 1
-        if probe.expected_nacks > 0:
-            # nacks prove the helpers are up: only missing nacks count against us,
-            # and one nack already proves our own receive path works (in a netsplit
-            # the helpers across the cut cannot nack; that is not our slowness)
-            delta = 0 if probe.nacks else probe.expected_nacks
-        else:
-            delta = 1
-        self._health_delta(delta)
+        if not sweep:
+            if probe.expected_nacks > 0:
+                # nacks prove the helpers are up: only missing nacks count against us,
+                # and one nack already proves our own receive path works (in a netsplit
+                # the helpers across the cut cannot nack; that is not our slowness)
+                delta = 0 if probe.nacks else probe.expected_nacks
+            else:
+                delta = 1
+            self._health_delta(delta)
         if probe.expected_nacks > 0 and probe.nacks == 0 and self.health < self.config.awareness_max_multiplier - 1:
             # Lifeguard: not one helper answered either, so the silence is most likely
             # ours (a starved receive path, a broken uplink); accusing the target now
@@ -844,7 +929,9 @@ class Swim:
             return
         if env["t"] == wire.ACK:
             probe = self._probe
-            if probe is not None and probe.seq == env.get("seq") and not probe.acked:
+            if probe is None or probe.seq != env.get("seq"):
+                probe = self._sweep.get(env.get("seq"))  # type: ignore[arg-type]
+            if probe is not None and not probe.acked:
                 # reachable over TCP although UDP failed: do not accuse (and do not
                 # count it as a healthy probe either)
                 probe.acked = True

@@ -145,3 +145,19 @@ def test_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_simulate_cli_rejects_bad_arguments(argv: list[str], tmp_path: Path) -> None:
     argv = [a if a != "x" else str(tmp_path / "o") for a in argv]
     assert simulate_main(argv) == 2
+
+
+def test_a_single_crash_does_not_sweep_two_at_once_do() -> None:
+    # a sweep is for correlated failures: one crashed member is left to the round robin
+    one = Simulation(SimParams(nodes=50, seconds=40, crash=1, crash_at=5.0, seed=2))
+    r1 = one.run()
+    assert sum(sw.stats.sweeps for sw in one.nodes) == 0 and r1.false_dead == 0
+    two = Simulation(SimParams(nodes=50, seconds=40, crash=2, crash_at=5.0, seed=2))
+    r2 = two.run()
+    live = [sw for sw in two.nodes if sw.id not in r2.crashed]
+    # every live node swept once (the quiet period keeps it to one), and only live
+    # members were suspected by it: no false suspicion, no false dead
+    assert all(sw.stats.sweeps == 1 for sw in live)
+    assert all(sw.stats.sweep_probes > 0 for sw in live)
+    assert r2.false_suspicions == 0 and r2.false_dead == 0
+    assert all(len(r2.dead_seen[v]) == 48 for v in r2.crashed)

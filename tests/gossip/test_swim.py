@@ -605,3 +605,44 @@ def test_every_preset_detects_a_crash_and_gets_its_nacks_in_time(name: str) -> N
     # helpers' nacks arrived before the probers gave up, so nobody blamed itself
     assert all(c.nodes[n].stats.probes_inconclusive == 0 for n in "abcd")
     assert all(c.nodes[n].health == 0 for n in "abcd")
+
+
+# ---------------------------------------------------------------- sweeps
+
+def test_two_suspects_at_once_start_a_sweep_that_reaches_the_rest_of_a_cut() -> None:
+    names = ["a"] + [f"n{i}" for i in range(1, 12)]
+    c = Cluster(names, CFG, seed=3)
+    c.run_until(1.0)
+    far = {"n7", "n8", "n9", "n10", "n11"}
+    c.drop = lambda src, dst, types: (src in far) != (dst in far)  # a clean cut
+    a = c.nodes["a"]
+    feed(a, suspect("n7", 0, by="n1"), suspect("n8", 0, by="n2"), now=c.now)
+    assert a.stats.sweeps == 1
+    swept = {m[2] for m in sent_parts(a, c.now) if m[0] == "ping"}
+    # everyone else alive is pinged at once (sweep size here covers the cluster),
+    # the two suspects are left to the regular probe
+    assert swept == set(names) - {"a", "n7", "n8"} - ({a._probe.target} if a._probe else set())
+    health = a.health
+    c.run_until(c.now + 1.05)
+    # the sweep's failed probes had nacks from same-side helpers: conclusive
+    assert {n for n in far if c.state("a", n) == SUSPECT} == far
+    assert all(c.state("a", n) == ALIVE for n in names[1:7])
+    assert a.health <= health  # sweeps leave the health score to the regular probe
+    # one sweep per quiet period, however many more suspects show up
+    feed(a, suspect("n9", 0, by="n3"), now=c.now)
+    assert a.stats.sweeps == 1
+
+
+def test_a_sweep_from_an_isolated_node_accuses_nobody() -> None:
+    names = ["a"] + [f"n{i}" for i in range(1, 9)]
+    c = Cluster(names, CFG, seed=5)
+    c.run_until(1.0)
+    c.drop = lambda src, dst, types: dst == "a"  # a's receive path is broken
+    a = c.nodes["a"]
+    feed(a, suspect("n1", 0, by="n2"), suspect("n2", 0, by="n3"), now=c.now)
+    first_round = a.stats.sweep_probes
+    assert a.stats.sweeps == 1 and first_round >= 5
+    c.run_until(c.now + 1.05)
+    # not one nack came back: the silence is a's own, so none of it is an accusation
+    assert a.stats.probes_inconclusive >= first_round
+    assert all(c.state("a", n) == ALIVE for n in names[3:])
