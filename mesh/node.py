@@ -111,7 +111,7 @@ class Node:
         # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
         self.gossip.config = self.gossip.config.with_(reconnect_dead_for=settings.reconnect_dead_for)
         self.partitions = PartitionMonitor(self.gossip, self.trace)
-        self.security.partitioned = self.partitions.is_partitioned
+        self.security.in_minority = self.partitions.in_minority
         self.cluster = Cluster(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
             cluster_name=settings.cluster_name, epoch=self.route_epoch,

@@ -59,7 +59,8 @@ class Security:
         self.memory = MemoryGuard(settings.memory_limit or None)
         self.limits_hit = {name: 0 for name in LIMITS}
         # Set by the node: does this node see a netsplit now (allow_*_during_netsplit)?
-        self.partitioned: Callable[[], bool] = lambda: False
+        # is this node on the minority side of a netsplit? (bound to the partition monitor)
+        self.in_minority: Callable[[], bool] = lambda: False
         self.refused_during_netsplit = {"connect": 0, "subscribe": 0, "publish": 0}
         # Set cluster-wide with `meshd ctl config set acl @FILE`: replaces acl_file.
         self.cluster_acl: Acl | None = None
@@ -94,8 +95,11 @@ class Security:
     # ---------------------------------------------------------------- connect
 
     def refuse_during_netsplit(self, operation: str) -> bool:
-        """allow_<operation>_during_netsplit is off and this node sees a partition."""
-        if getattr(self.settings, f"allow_{operation}_during_netsplit") or not self.partitioned():
+        """allow_<operation>_during_netsplit is off and this node is on the minority side
+        of a partition.  The majority side keeps serving: only one side takes writes,
+        so the sides cannot diverge, and a crashed node (a partition of one) does not
+        stop the survivors."""
+        if getattr(self.settings, f"allow_{operation}_during_netsplit") or not self.in_minority():
             return False
         self.refused_during_netsplit[operation] += 1
         return True

@@ -254,6 +254,14 @@ class PartitionDetector:
     def is_partitioned(self) -> bool:
         return bool(self.active)
 
+    def in_minority(self) -> bool:
+        """Is this node on the side without a majority of some unhealed partition?
+
+        A crashed member is a partition of one whose survivors hold the majority, so
+        a crash alone never puts anyone here; an isolated node is here once it has
+        detected that it is alone."""
+        return any(not p.majority for p in self.active.values())
+
     def across_partition(self, member: str) -> bool:
         """Is ``member`` on the other side of a partition that has not healed yet?"""
         p = self._where.get(member)
@@ -286,6 +294,8 @@ class PartitionDetector:
             if now <= p.detected_at + self.window and member in p.local:
                 p.remote.add(member)
                 p.local = p.local - {member}
+                # our side shrank: it may no longer hold the majority
+                p.majority = _holds_majority(p.local, p.stable_view)
                 self._where[member] = p
                 return True
         return False

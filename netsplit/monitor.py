@@ -47,6 +47,10 @@ class PartitionMonitor:
         """A partition was detected and has not healed yet."""
         return self.detector.is_partitioned()
 
+    def in_minority(self) -> bool:
+        """This node is on the minority side of a partition that has not healed."""
+        return self.detector.in_minority()
+
     def unreachable(self) -> frozenset[str]:
         """Members currently dead in our view that did not leave (they may come back)."""
         return self.detector.unreachable()
@@ -74,6 +78,7 @@ class PartitionMonitor:
             "node_id": self.node_id,
             "members": self.gossip.members(),
             "partitioned": d.is_partitioned(),
+            "minority": d.in_minority(),
             "partitions": [p.as_dict(self._offset) for p in d.active.values()],
             "unreachable": sorted(d.unreachable()),
             "stable_view": sorted(d.stable_view),

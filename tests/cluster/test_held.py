@@ -45,32 +45,44 @@ def test_messages_for_an_unreachable_member_are_held_and_replayed(cluster3):
 
 
 def test_operations_can_be_refused_during_a_netsplit(tmp_path):
-    """allow_*_during_netsplit off on C: while C sees a partition (A frozen), C answers
-    CONNECT with 0x88, SUBSCRIBE and PUBLISH with 0x83; after the heal, all is accepted."""
+    """allow_*_during_netsplit off on C.  A frozen alone: C is on the majority side and
+    keeps serving (a crash must not stop the survivors).  A and B frozen: C is alone,
+    on the minority side, and answers CONNECT with 0x88, SUBSCRIBE and PUBLISH with
+    0x83; after the heal, all is accepted again."""
     strict = ("--no-allow-connect-during-netsplit", "--no-allow-subscribe-during-netsplit",
               "--no-allow-publish-during-netsplit")
     nodes = start_cluster(tmp_path, extra={"C": strict})
+    cluster = lambda: request_json(c.http_addr, "GET", "/api/v1/cluster")[1]  # noqa: E731
     try:
-        a, c = nodes["A"], nodes["C"]
+        a, b, c = nodes["A"], nodes["B"], nodes["C"]
         wait_for(lambda: sum(v == "alive" for v in view(c).values()) == 3, what="C sees 3 alive")
         early = Client("early", version=5)
         early.connect(c.port)
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: request_json(c.http_addr, "GET", "/api/v1/cluster")[1]["partitioned"], what="C sees a partition")
-            late = Client("late", version=5)
+            wait_for(lambda: cluster()["partitioned"], what="C sees a partition")
+            assert cluster()["minority"] is False
+            Client("during-majority", version=5).connect(c.port)
+            assert [rc.value for rc in early.subscribe("m/#", 1)] == [1]
+            os.kill(b.proc.pid, signal.SIGSTOP)
             try:
-                late.connect(c.port)
-                raise AssertionError("CONNECT accepted during the netsplit")
-            except ConnectionError as exc:
-                assert "Server unavailable" in str(exc)
-            assert [rc.value for rc in early.subscribe("x/#", 1)] == [0x83]
-            info = early.c.publish("x/y", b"no", qos=1)
-            info.wait_for_publish(5)
-            assert early.published.get(timeout=5)[1].value == 0x83
+                # alone, C accuses only once Lifeguard lets it (its probes get no nacks)
+                wait_for(lambda: cluster()["minority"], timeout=60, what="C sees itself in the minority")
+                late = Client("late", version=5)
+                try:
+                    late.connect(c.port)
+                    raise AssertionError("CONNECT accepted on the minority side")
+                except ConnectionError as exc:
+                    assert "Server unavailable" in str(exc)
+                assert [rc.value for rc in early.subscribe("x/#", 1)] == [0x83]
+                info = early.c.publish("x/y", b"no", qos=1)
+                info.wait_for_publish(5)
+                assert early.published.get(timeout=5)[1].value == 0x83
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
-        wait_for(lambda: not request_json(c.http_addr, "GET", "/api/v1/cluster")[1]["partitioned"], what="healed")
+        wait_for(lambda: not cluster()["partitioned"], timeout=60, what="healed")
         assert [rc.value for rc in early.subscribe("x/#", 1)] == [1]
         Client("later", version=5).connect(c.port)
     finally:

@@ -124,6 +124,23 @@ def test_a_straggler_joins_the_partition_just_detected():
     assert d.active[ev.partition_id].local == {"n0", "n1", "n2"}
 
 
+def test_minority_follows_the_side_as_it_shrinks():
+    d = detector(window=2.0)
+    # one crash: a partition of one, the survivors hold the majority
+    (ev,) = feed(d, [("n1", "dead", 10.0)]) + d.tick(12.0)
+    assert d.is_partitioned() and ev.majority and not d.in_minority()
+    # two stragglers join it: our side is now 2 of 5
+    feed(d, [("n2", "dead", 12.5), ("n3", "dead", 13.0)])
+    assert d.active[ev.partition_id].local == {"n0", "n4"} and d.in_minority()
+    # a later, separate loss on a partition we already hold the majority of counts too
+    e = detector(window=2.0)
+    feed(e, [("n1", "dead", 10.0)]) + e.tick(12.0)
+    (late,) = feed(e, [("n2", "dead", 30.0), ("n3", "dead", 30.5)]) + e.tick(33.0)
+    assert not late.majority and e.in_minority()
+    feed(e, [("n2", "alive", 40.0), ("n3", "alive", 40.1)])
+    assert e.is_partitioned() and not e.in_minority()  # n1 is still gone: a crash
+
+
 def test_partial_heal_after_grace_lists_the_missing():
     d = detector(window=1.0, heal_grace=5.0)
     feed(d, [("n3", "dead", 1.0), ("n4", "dead", 1.0)])
