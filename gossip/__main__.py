@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -40,6 +41,9 @@ async def _main(args: argparse.Namespace) -> None:
         preset=args.preset,
         advertise_host=args.advertise,
     )
+    if args.reconnect_dead_for is not None:
+        # 0: never retry lost members' addresses (a heal then needs mDNS or a seed)
+        svc.config = svc.config.with_(reconnect_dead_for=args.reconnect_dead_for)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(svc.run)
         print(f"gossip {args.node_id} on {svc.address[0]}:{port}", flush=True)  # type: ignore[index]
@@ -73,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="lan")
     p.add_argument("--members-file", default=None)
     p.add_argument("--trace-dir", default=None)
+    p.add_argument("--reconnect-dead-for", type=float, default=None,
+                   help="seconds to keep retrying the addresses of lost members (0: never)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
+    if args.reconnect_dead_for is not None and args.reconnect_dead_for < 0:
+        p.error("--reconnect-dead-for must be 0 or more")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     trio.run(_main, args)
     return 0
 

@@ -34,6 +34,58 @@ def _members(path: Path) -> dict[str, str]:
     return {m["id"]: m["state"] for m in data["members"]}
 
 
+def _start(lab: Any, tmp_path: Path, i: int, *extra: str) -> subprocess.Popen[Any]:
+    logf = open(tmp_path / f"g{i}.log", "w")
+    return lab.popen(
+        i,
+        [sys.executable, "-m", "gossip", "--node-id", f"g{i}", "--bind", f"{lab.hosts[i].address}:7946",
+         "--preset", "local", "--members-file", str(tmp_path / f"g{i}.json"), *extra],
+        cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT,
+    )
+
+
+def _wait(cond: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_split_heals_by_mdns_alone(tmp_path: Path) -> None:
+    """No seeds and no address retries (--reconnect-dead-for 0): after a split long
+    enough for the lost member to be forgotten, only mDNS re-announcements (every 3 s
+    on the local preset) can bring the sides together again, and they do."""
+    procs: list[subprocess.Popen[Any]] = []
+    with netlab.NetLab(hosts=3) as lab:
+        try:
+            for i in range(3):
+                procs.append(_start(lab, tmp_path, i, "--reconnect-dead-for", "0", "--log-level", "info"))
+            whole = {"g0": "alive", "g1": "alive", "g2": "alive"}
+            assert _wait(lambda: all(_members(tmp_path / f"g{i}.json") == whole for i in range(3)), 40)
+            lab.split([2])
+            # dead, then reaped (10 s on the local preset): g0 and g1 forget g2 entirely
+            assert _wait(lambda: all("g2" not in _members(tmp_path / f"g{i}.json") for i in (0, 1)), 40)
+            assert _wait(lambda: all(v != "alive" for k, v in _members(tmp_path / "g2.json").items() if k != "g2"), 60)
+            lab.heal()
+            healed = _wait(lambda: all(_members(tmp_path / f"g{i}.json") == whole for i in range(3)), 30)
+            logs = {i: (tmp_path / f"g{i}.log").read_text() for i in range(3)}
+            assert healed, ({i: _members(tmp_path / f"g{i}.json") for i in range(3)}, logs[2][-2000:])
+            assert all(p.poll() is None for p in procs)
+            # the way back was an mDNS discovery of the other side
+            assert "mDNS found g2" in logs[0] + logs[1] or "mDNS found g0" in logs[2] or "mDNS found g1" in logs[2]
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
 def test_three_namespaces_join_by_mdns_without_seeds(tmp_path: Path) -> None:
     procs: list[subprocess.Popen[Any]] = []
     with netlab.NetLab(hosts=4) as lab:
