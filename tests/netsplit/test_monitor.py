@@ -113,7 +113,9 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
 
         _, text = _metrics(http)
         assert "meshd_partitions 1" in text and "meshd_partitions_detected_total 1" in text
-        assert "meshd_unreachable_members 1" in text
+        assert "meshd_unreachable_members 1" in text and "meshd_gossip_sweeps_total 0" in text
+        # of {ghost, solo} each holds half: the side with the smallest id ("ghost") has it
+        assert request_json(http, "GET", "/api/v1/cluster")[1]["minority"] is True
 
         sys = dict(node.call(mesh_values, node.node.broker))  # type: ignore[union-attr]
         value = json.loads(sys["$SYS/mesh/partitions"])
