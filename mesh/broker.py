@@ -533,13 +533,13 @@ class Broker:
             self.store.put_queued(session.client_id, delivery)
         if dropped is not None:
             if session.stored and dropped.seq and dropped is not delivery:
-                self.store.delete_queued(session.client_id, dropped.seq)
+                self.store.delete_delivery(session.client_id, dropped)
             self._note_queue_drop(session, dropped)
 
     def dequeue(self, session: Session) -> Delivery:
         delivery = session.queue.popleft()
         if session.stored and delivery.seq:
-            self.store.delete_queued(session.client_id, delivery.seq)
+            self.store.delete_delivery(session.client_id, delivery)
         return delivery
 
     def add_inflight(self, session: Session, packet_id: int, delivery: Delivery) -> None:
@@ -554,7 +554,7 @@ class Broker:
         if entry is None:
             return False
         if session.stored:
-            self.store.delete_inflight(session.client_id, entry.delivery.seq)
+            self.store.delete_delivery(session.client_id, entry.delivery)
         return True
 
     def mark_pubrel(self, session: Session, packet_id: int, entry: InflightEntry) -> None:
@@ -596,16 +596,21 @@ class Broker:
         """A session became persistent: write all it holds so far."""
         self._store_meta(session)
         cid = session.client_id
+        store = self.store
         for topic_filter, options in session.subscriptions.items():
-            self.store.put_subscription(cid, topic_filter, options)
+            store.put_subscription(cid, topic_filter, options)
+        # A delivery may remember a record from an earlier stored spell of the session,
+        # deleted with its other records since: forget it, so it is written again.
         for pid, entry in session.inflight.items():
             if not entry.delivery.seq:
                 entry.delivery.seq = session.take_seq()
-            self.store.put_inflight(cid, pid, entry.delivery, entry.state)
+            store.forget(entry.delivery)
+            store.put_inflight(cid, pid, entry.delivery, entry.state)
         for d in session.queue if session.queued else ():
             if not d.seq:
                 d.seq = session.take_seq()
-            self.store.put_queued(cid, d)
+            store.forget(d)
+            store.put_queued(cid, d)
         for pid in session.qos2_in:
             self.store.put_qos2_in(cid, pid)
 
@@ -749,7 +754,7 @@ class Broker:
         session.queue.clear()
         session.queue.extend(entries)
         for d in drop:
-            self.store.delete_queued(session.client_id, d.seq)
+            self.store.delete_delivery(session.client_id, d)
         for d in add:
             self.store.put_queued(session.client_id, d)
 

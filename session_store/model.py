@@ -86,9 +86,15 @@ class SubscriptionOptions:
 
 
 class Delivery:
-    """A message on its way to one session, with that session's view of it."""
+    """A message on its way to one session, with that session's view of it.
 
-    __slots__ = ("message", "qos", "retain", "subscription_ids", "seq")
+    The `store_*` fields and `owner` belong to `session_store.store`: a persistent
+    session's store tracks its deliveries on the objects themselves (the state the
+    store should hold, the state it holds, whether a change is pending), so the
+    per-message store calls are a few attribute writes instead of building keys and
+    records (see `SessionStore`)."""
+
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "seq", "owner", "store_state", "store_disk", "store_gen")
 
     def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> None:
         self.message = message
@@ -97,6 +103,10 @@ class Delivery:
         self.subscription_ids = subscription_ids
         # Position in the session's stream, for the store's key order (0 = not stored).
         self.seq = 0
+        # No record in the store, not in its list of changes.  (`owner` and
+        # `store_state` are set by the store before they are read.)
+        self.store_disk = -1
+        self.store_gen = 0
 
 
 class InflightEntry:

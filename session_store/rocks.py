@@ -126,14 +126,10 @@ class RocksStore(SessionStore):
                 wb.put(key, op[0](*op[1]), handles[cf])
         queue = handles["queue"]
         encode = records.encode_delivery_record
-        deleted: list[tuple[str, int]] = []
-        for k, args in batch.deliveries.items():
-            if args is None:
-                deleted.append(k)
-            else:
-                wb.put(session_prefix(k[0]) + pack_seq(k[1]), encode(*args), queue)
-        if deleted:
-            _delete_runs(wb, deleted, queue)
+        for d, state in batch.puts:
+            wb.put(session_prefix(d.owner) + pack_seq(d.seq), encode(d, state & 3, state >> 2), queue)
+        if batch.deletes:
+            _delete_runs(wb, batch.deletes, queue)
         self._db.write(wb, self._nosync)
         if sync:
             self._sync_wal()

@@ -16,9 +16,20 @@ bytes, so a prefix scan returns a session's stream in order), from the moment it
 queued or sent until it is acknowledged.  Queued and inflight deliveries share the
 `queue` family: moving one from the queue into the inflight window overwrites its
 record with the inflight state and packet id (one put, not a tombstone and a second
-record), and within one commit window the two changes coalesce into one.  So a
-sequence number is either queued or inflight, never both: `put_inflight` replaces a
-queued record of the same delivery.  Values are versioned (`session_store.records`):
+record).  So a sequence number is either queued or inflight, never both: `put_inflight`
+replaces a queued record of the same delivery.
+
+Deliveries are tracked on the `Delivery` objects, not in the batch: a delivery call
+sets the state the store should hold for it (`store_state`: queued, inflight with its
+packet id, or none) and, once per commit window, puts the object on a list of
+changed deliveries; no key, record or tuple is built on the Trio thread.
+`take_batch` compares each listed delivery's wanted state with the state its record
+has (`store_disk`) and hands the writer only the differences: a delivery queued and
+acknowledged within one window writes nothing, one acknowledged after it was
+committed writes one tombstone, one queued, sent and acknowledged across windows
+writes its record once (queued or inflight, whichever it was at the commit) and one
+tombstone.  The broker passes the same `Delivery` object for every change to a
+delivery (as it keeps it in the session), which is what makes this work.  Values are versioned (`session_store.records`):
 binary format 2 for deliveries, CBOR format 1 for everything else; format-1
 deliveries (queue and inflight families) are still read, and `load` rewrites
 format-1 inflight records into the queue family.
@@ -83,30 +94,36 @@ class RecoveredState:
 
 Op = tuple[Callable[..., bytes], tuple]  # (encoder, args): the value, encoded at write time
 
+NO_RECORD = -1  # a delivery's store state: no record (never stored, or deleted)
+
+
+def delivery_state(state: str | None, packet_id: int = 0) -> int:
+    """The store state of a delivery: `records.QUEUED` for a queued one, else its
+    inflight state code and packet id in one int (one attribute write on the hot path)."""
+    return records.QUEUED if state is None else records.STATE_CODES[state] | packet_id << 2
+
 
 class PendingBatch:
     """Changes recorded since the last commit, coalesced per key.
 
     The last change to a key wins, so a record put and deleted within one commit
-    window (a QoS 1 delivery acknowledged before the next group commit) costs one
-    tombstone and is never encoded: values are kept as (encoder, args) and encoded only
+    window costs one tombstone: values are kept as (encoder, args) and encoded only
     when the batch is written, off the Trio thread. Prefix deletes (a whole session)
     drop the pending changes they cover and are applied before the remaining ones.
 
-    Deliveries (the `queue` family, several changes per message) are kept apart,
-    keyed by (client id, seq), as the arguments of `records.encode_delivery_record`:
-    their byte keys and values are built only for what is written.
+    Deliveries (the `queue` family) come from `SessionStore.take_batch`, already
+    reduced to what the store lacks: `puts` as (delivery, state) with the state as of
+    the take, `deletes` as (client id, seq).  Byte keys and records are built only by
+    the writer.
     """
 
-    __slots__ = ("ops", "deliveries", "prefix_deletes", "fresh")
+    __slots__ = ("ops", "puts", "deletes", "prefix_deletes")
 
     def __init__(self) -> None:
         self.ops: dict[tuple[str, bytes], Op | None] = {}
-        self.deliveries: dict[tuple[str, int], tuple | None] = {}
+        self.puts: list[tuple[Delivery, int]] = []
+        self.deletes: list[tuple[str, int]] = []
         self.prefix_deletes: list[tuple[str, bytes]] = []
-        # Deliveries first written in this batch, which cannot exist on disk (sequence
-        # numbers are never reused): deleting one before the commit writes nothing.
-        self.fresh: set[tuple[str, int]] = set()
 
     def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
         self.ops[(cf, key)] = (encoder, args)
@@ -114,40 +131,23 @@ class PendingBatch:
     def delete(self, cf: str, key: bytes) -> None:
         self.ops[(cf, key)] = None
 
-    def put_delivery(self, k: tuple[str, int], args: tuple, fresh: bool) -> None:
-        deliveries = self.deliveries
-        if fresh and k not in deliveries:
-            self.fresh.add(k)
-        deliveries[k] = args
-
-    def delete_delivery(self, k: tuple[str, int]) -> None:
-        fresh = self.fresh
-        if k in fresh:
-            fresh.remove(k)
-            del self.deliveries[k]
-        else:
-            self.deliveries[k] = None
-
     def delete_prefix(self, cf: str, prefix: bytes) -> None:
         for k in [k for k in self.ops if k[0] == cf and k[1].startswith(prefix)]:
             del self.ops[k]
-        if cf == "queue":
-            client_id = prefix[:-1].decode("utf-8")
-            for dk in [dk for dk in self.deliveries if dk[0] == client_id]:
-                del self.deliveries[dk]
-                self.fresh.discard(dk)
         self.prefix_deletes.append((cf, prefix))
 
     def __len__(self) -> int:
-        return len(self.ops) + len(self.deliveries) + len(self.prefix_deletes)
+        return len(self.ops) + len(self.puts) + len(self.deletes) + len(self.prefix_deletes)
 
     def items(self) -> Iterable[tuple[str, bytes, bytes | None]]:
         """(cf, key, encoded value or None for a delete), prefix deletes excluded."""
         for (cf, key), op in self.ops.items():
             yield cf, key, None if op is None else op[0](*op[1])
         encode = records.encode_delivery_record
-        for (client_id, seq), args in self.deliveries.items():
-            yield "queue", session_prefix(client_id) + pack_seq(seq), None if args is None else encode(*args)
+        for d, state in self.puts:
+            yield "queue", session_prefix(d.owner) + pack_seq(d.seq), encode(d, state & 3, state >> 2)
+        for client_id, seq in self.deletes:
+            yield "queue", session_prefix(client_id) + pack_seq(seq), None
 
 
 class SessionStore(ABC):
@@ -158,6 +158,9 @@ class SessionStore(ABC):
         self.durable_epoch = 0  # every change up to this epoch is committed
         self.on_dirty: Callable[[], None] = lambda: None
         self._batch = PendingBatch()
+        # Deliveries changed in this commit window (each once: `store_gen` == `_gen`).
+        self._changed_deliveries: list[Delivery] = []
+        self._gen = 1
 
     # -- the backend -------------------------------------------------------------------------
 
@@ -174,8 +177,23 @@ class SessionStore(ABC):
     def close(self) -> None: ...
 
     def take_batch(self) -> tuple[PendingBatch, int]:
-        """Hand over the current batch (and the epoch it reaches) and start a new one."""
+        """Hand over the current batch (and the epoch it reaches) and start a new one.
+
+        The deliveries changed in the window become puts (their state now) and
+        deletes, only where the store's record differs from what it should be."""
         batch, self._batch = self._batch, PendingBatch()
+        changed, self._changed_deliveries = self._changed_deliveries, []
+        self._gen += 1
+        puts = batch.puts
+        deletes = batch.deletes
+        for d in changed:
+            state = d.store_state
+            if state != d.store_disk:
+                d.store_disk = state
+                if state < 0:
+                    deletes.append((d.owner, d.seq))
+                else:
+                    puts.append((d, state))
         return batch, self.write_epoch
 
     def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
@@ -212,6 +230,16 @@ class SessionStore(ABC):
         prefix = session_prefix(client_id)
         for cf in SESSION_SCOPED:
             self._delete_prefix(cf, prefix)
+        # Its deliveries' pending changes go too (the range delete is applied first and
+        # would not cover them); they have no record once it is written.
+        kept: list[Delivery] = []
+        for d in self._changed_deliveries:
+            if d.owner == client_id:
+                d.store_disk = NO_RECORD
+                d.store_gen = 0
+            else:
+                kept.append(d)
+        self._changed_deliveries = kept
         self._changed()
 
     def put_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
@@ -222,38 +250,49 @@ class SessionStore(ABC):
         self._delete("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"))
         self._changed()
 
-    # The delivery calls run for every message to a persistent session: kept lean (no
-    # byte keys, no helper layers; `_changed` inlined).
-
-    def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
-        """Keyed by the delivery's sequence number (unique, never reused), so a
-        delivery sent and acknowledged within one commit window never reaches the disk.
-        Replaces the delivery's queued record, if it had one."""
-        # Only a first send can be a key new to the disk; PUBREL-sent rewrites a record
-        # that may be committed already.
-        self._batch.put_delivery((client_id, delivery.seq), (delivery, records.STATE_CODES[state], packet_id),
-                                 state == "publish")
-        if self.write_epoch == self.durable_epoch:
-            self.on_dirty()
-        self.write_epoch += 1
-
-    def delete_inflight(self, client_id: str, seq: int) -> None:
-        self._batch.delete_delivery((client_id, seq))
-        if self.write_epoch == self.durable_epoch:
-            self.on_dirty()
-        self.write_epoch += 1
+    # The delivery calls run for every message to a persistent session: a few attribute
+    # writes and, once per commit window, a list append (`_changed` inlined).
 
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
-        self._batch.put_delivery((client_id, delivery.seq), (delivery,), True)
+        """Store a queued delivery (keyed by its sequence number)."""
+        delivery.store_state = 0  # records.QUEUED
+        if delivery.store_gen != self._gen:
+            delivery.store_gen = self._gen
+            delivery.owner = client_id
+            self._changed_deliveries.append(delivery)
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
 
-    def delete_queued(self, client_id: str, seq: int) -> None:
-        self._batch.delete_delivery((client_id, seq))  # the same record as inflight
+    def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
+        """Store a delivery sent with `packet_id` ('publish' or 'pubrel' sent): replaces
+        its queued record, if it had one."""
+        delivery.store_state = records.STATE_CODES[state] | packet_id << 2
+        if delivery.store_gen != self._gen:
+            delivery.store_gen = self._gen
+            delivery.owner = client_id
+            self._changed_deliveries.append(delivery)
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
+
+    def delete_delivery(self, client_id: str, delivery: Delivery) -> None:
+        """A queued or inflight delivery is done (acknowledged, dropped, expired) or
+        leaves the queue for the inflight window (`put_inflight` follows)."""
+        delivery.store_state = NO_RECORD
+        if delivery.store_gen != self._gen:
+            delivery.store_gen = self._gen
+            delivery.owner = client_id
+            self._changed_deliveries.append(delivery)
+        if self.write_epoch == self.durable_epoch:
+            self.on_dirty()
+        self.write_epoch += 1
+
+    @staticmethod
+    def forget(delivery: Delivery) -> None:
+        """The delivery has no record (its session's records were deleted while it
+        stayed in memory): the next put writes it again."""
+        delivery.store_disk = NO_RECORD
 
     def put_qos2_in(self, client_id: str, packet_id: int) -> None:
         self._put("qos2_in", session_prefix(client_id) + _U16.pack(packet_id), records.encode_value, 1)
@@ -362,6 +401,9 @@ class SessionStore(ABC):
             s = sessions[cid]
             for seq in sorted(by_seq):
                 d, st, pid = by_seq[seq]
+                if d.store_gen != self._gen:  # its record is as read (format-1 inflight: being moved)
+                    d.owner = cid
+                    d.store_state = d.store_disk = delivery_state(st, pid)
                 if st is None:
                     s.queue.append(d)
                 else:

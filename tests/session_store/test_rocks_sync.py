@@ -132,18 +132,19 @@ def test_range_tombstones_delete_exactly_the_acknowledged(store):
         x.seq = seq
         return x
 
+    ds = {(cid, seq): d(seq) for cid in ("a", "ab") for seq in range(1, 31)}
     for cid in ("a", "ab"):
         store.put_session(cid, 60, 5, None, 1)
         for seq in range(1, 31):
-            store.put_queued(cid, d(seq))
+            store.put_queued(cid, ds[(cid, seq)])
     commit(store)
     for seq in [*range(1, 11), 20, 22, 30]:
-        store.delete_queued("a", seq)
+        store.delete_delivery("a", ds[("a", seq)])
     for seq in range(12, 20):  # sent and acknowledged: a run too
-        store.delete_queued("a", seq)
-        store.put_inflight("a", seq, d(seq), "publish")
-        store.delete_inflight("a", seq)
-    store.delete_queued("ab", 5)
+        store.delete_delivery("a", ds[("a", seq)])
+        store.put_inflight("a", seq, ds[("a", seq)], "publish")
+        store.delete_delivery("a", ds[("a", seq)])
+    store.delete_delivery("ab", ds[("ab", 5)])
     commit(store)
     queues = {cid: [x.seq for x in s.queue] for cid, s in store.load().sessions.items()}
     assert queues == {"a": [11, 21, 23, 24, 25, 26, 27, 28, 29],

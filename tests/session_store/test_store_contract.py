@@ -139,8 +139,9 @@ def test_put_then_delete_in_one_batch_is_never_encoded(make_store, monkeypatch):
     real = records.encode_delivery_record
     monkeypatch.setattr(records, "encode_delivery_record", lambda *a, **k: encoded.append(1) or real(*a, **k))
     for pid in range(1, 101):  # deliveries acknowledged within one commit window
-        store.put_inflight("c", pid, delivery(f"t/{pid}", pid), "publish")
-        store.delete_inflight("c", pid)
+        d = delivery(f"t/{pid}", pid)
+        store.put_inflight("c", pid, d, "publish")
+        store.delete_delivery("c", d)
     store.put_inflight("c", 7, delivery("kept", 500), "publish")
     batch, epoch = store.take_batch()
     assert len(batch) == 1  # the 100 acknowledged deliveries left not even a tombstone
@@ -155,10 +156,11 @@ def test_pubrel_then_pubcomp_in_one_batch_leaves_nothing(make_store):
     # window must still delete it, or it comes back as inflight after a restart.
     store = make_store()
     store.put_session("c", 60, 5, None, 1)
-    store.put_inflight("c", 3, delivery("t", 1, qos=2), "publish")
+    d = delivery("t", 1, qos=2)
+    store.put_inflight("c", 3, d, "publish")
     commit(store)
-    store.put_inflight("c", 3, delivery("t", 1, qos=2), "pubrel")
-    store.delete_inflight("c", 1)
+    store.put_inflight("c", 3, d, "pubrel")
+    store.delete_delivery("c", d)
     commit(store)
     assert store.load().sessions["c"].inflight == []
 
@@ -168,13 +170,14 @@ def test_queued_then_sent_is_one_record(make_store):
     it comes back inflight (not also queued), and its acknowledgement removes it."""
     store = make_store()
     store.put_session("c", 60, 5, None, 1)
-    for seq in (1, 2, 3):
-        store.put_queued("c", delivery(f"t/{seq}", seq))
+    ds = {seq: delivery(f"t/{seq}", seq) for seq in (1, 2, 3)}
+    for d in ds.values():
+        store.put_queued("c", d)
     commit(store)
-    store.delete_queued("c", 1)  # what the broker does when it fills the window
-    store.put_inflight("c", 10, delivery("t/1", 1), "publish")
-    store.delete_queued("c", 2)
-    store.put_inflight("c", 11, delivery("t/2", 2), "publish")
+    store.delete_delivery("c", ds[1])  # what the broker does when it fills the window
+    store.put_inflight("c", 10, ds[1], "publish")
+    store.delete_delivery("c", ds[2])
+    store.put_inflight("c", 11, ds[2], "publish")
     batch, epoch = store.take_batch()
     assert len(batch) == 2  # two overwrites, no tombstones
     store.write_batch(batch, sync=True)
@@ -182,7 +185,7 @@ def test_queued_then_sent_is_one_record(make_store):
     s = store.load().sessions["c"]
     assert [(pid, d.seq, st) for pid, d, st in s.inflight] == [(10, 1, "publish"), (11, 2, "publish")]
     assert [d.seq for d in s.queue] == [3]
-    store.delete_inflight("c", 1)
+    store.delete_delivery("c", ds[1])
     commit(store)
     s = store.load().sessions["c"]
     assert [d.seq for _, d, _ in s.inflight] == [2] and [d.seq for d in s.queue] == [3]
@@ -207,9 +210,10 @@ def test_format_1_deliveries_are_read_and_inflight_moved(make_store):
     assert [(d.message.topic, d.seq, d.message.properties.user_properties) for d in s.queue] == [("q/old", 2, (("k", "v"),))]
     commit(store)  # the move written by load
     assert list(store.scan("inflight")) == []
-    assert [(pid, st) for pid, _, st in store.load().sessions["c"].inflight] == [(42, "pubrel")]
-    store.delete_inflight("c", 1)
-    store.delete_queued("c", 2)
+    s = store.load().sessions["c"]
+    assert [(pid, st) for pid, _, st in s.inflight] == [(42, "pubrel")]
+    store.delete_delivery("c", s.inflight[0][1])
+    store.delete_delivery("c", s.queue[0])
     commit(store)
     s = store.load().sessions["c"]
     assert s.inflight == [] and s.queue == []
@@ -255,24 +259,34 @@ OPS = st.lists(
 )
 
 
-def apply(store: SessionStore, op: tuple) -> None:
+def apply(store: SessionStore, op: tuple, live: dict[tuple[str, int], Delivery]) -> None:
+    """`live`: the delivery objects by (client id, seq), one per delivery as the broker
+    keeps them (a deleted session's are gone)."""
     kind = op[0]
+
+    def the(cid: str, seq: int, topic: str) -> Delivery:
+        if (cid, seq) not in live:
+            live[(cid, seq)] = delivery(topic, seq)
+        return live[(cid, seq)]
+
     if kind == "session":
         store.put_session(op[1], 60 + op[2], 5, float(op[2]), op[2])
     elif kind == "delete":
         store.delete_session(op[1])
+        for key in [key for key in live if key[0] == op[1]]:
+            del live[key]
     elif kind == "sub":
         store.put_subscription(op[1], op[2], SubscriptionOptions(op[3]))
     elif kind == "unsub":
         store.delete_subscription(op[1], op[2])
     elif kind == "queue":
-        store.put_queued(op[1], delivery(f"t/{op[2]}", op[2]))
+        store.put_queued(op[1], the(op[1], op[2], f"t/{op[2]}"))
     elif kind == "dequeue":
-        store.delete_queued(op[1], op[2])
+        store.delete_delivery(op[1], the(op[1], op[2], f"t/{op[2]}"))
     elif kind == "inflight":
-        store.put_inflight(op[1], op[2], delivery(f"i/{op[3]}", op[3]), "publish")
+        store.put_inflight(op[1], op[2], the(op[1], op[3], f"i/{op[3]}"), "publish")
     elif kind == "ack":
-        store.delete_inflight(op[1], op[2])
+        store.delete_delivery(op[1], the(op[1], op[2], f"i/{op[2]}"))
     elif kind == "qos2":
         (store.put_qos2_in if op[3] else store.delete_qos2_in)(op[1], op[2])
     elif kind == "retain":
@@ -289,9 +303,11 @@ def apply(store: SessionStore, op: tuple) -> None:
 def test_random_operations_survive_reopen_and_match_memory(tmp_path_factory, ops):
     path = tmp_path_factory.mktemp("prop") / "db"
     memory, rocks = MemoryStore(), RocksStore(path)
+    live_m: dict[tuple[str, int], Delivery] = {}
+    live_r: dict[tuple[str, int], Delivery] = {}
     for op in ops:
-        apply(memory, op)
-        apply(rocks, op)
+        apply(memory, op, live_m)
+        apply(rocks, op, live_r)
     commit(memory)
     commit(rocks)
     before = snapshot(rocks.load())
