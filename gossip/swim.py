@@ -725,7 +725,7 @@ class Swim:
                 self._ask_helpers(probe)
         elif kind == _T_SWEEP_END:
             probe = self._sweep.pop(arg, None)
-            if probe is not None and not probe.acked:
+            if probe is not None and not probe.acked and not self.leaving:
                 self._probe_failed(probe, now, sweep=True)
         elif kind == _T_RECONNECT:
             self._reconnect(now)
