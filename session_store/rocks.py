@@ -61,10 +61,26 @@ class StoreOpenError(Exception):
     """The database cannot be opened (locked by another process, corrupt, unreadable)."""
 
 
-def _options() -> Options:
+# The `queue` family's memtable is kept small: its records live a few milliseconds
+# (written, then range-deleted), and every write inserts into a skiplist that otherwise
+# grows to 64 MB of mostly deleted entries, whose cache misses cost more than the
+# flushes (which drop what the range tombstones cover): persist-batch 21.1 -> 20.3 us
+# of CPU per message.  Flushing that family more often would leave every other
+# family's few records pinning old WAL files, so the WAL is also capped: past
+# `MAX_TOTAL_WAL` RocksDB flushes the families holding the oldest one.
+QUEUE_WRITE_BUFFER = 4 << 20
+MAX_TOTAL_WAL = 32 << 20
+
+
+def _options(cf: str | None = None) -> Options:
+    """Options of the DB (`cf` None) or of one column family."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    if cf is None:
+        opts.set_max_total_wal_size(MAX_TOTAL_WAL)
+    elif cf == "queue":
+        opts.set_write_buffer_size(QUEUE_WRITE_BUFFER)
     return opts
 
 
@@ -100,7 +116,7 @@ class RocksStore(SessionStore):
         try:
             os.makedirs(self.path, exist_ok=True)
             self._db: Rdict | None = Rdict(
-                self.path, options=_options(), column_families={cf: _options() for cf in COLUMN_FAMILIES}
+                self.path, options=_options(), column_families={cf: _options(cf) for cf in COLUMN_FAMILIES}
             )
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's message
             raise StoreOpenError(f"cannot open session store at {self.path}: {exc}") from None

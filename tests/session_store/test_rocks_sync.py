@@ -149,3 +149,36 @@ def test_range_tombstones_delete_exactly_the_acknowledged(store):
     queues = {cid: [x.seq for x in s.queue] for cid, s in store.load().sessions.items()}
     assert queues == {"a": [11, 21, 23, 24, 25, 26, 27, 28, 29],
                       "ab": [s for s in range(1, 31) if s != 5]}
+
+
+def test_old_wal_files_do_not_pile_up(tmp_path, monkeypatch):
+    """The small `queue` memtable switches WAL files often; a record in another family
+    (the session) must not keep every old one alive: the WAL cap flushes it."""
+    from session_store import rocks
+    from session_store.model import Delivery, Message
+    from mesh.mqtt import Properties
+
+    monkeypatch.setattr(rocks, "QUEUE_WRITE_BUFFER", 256 << 10)
+    monkeypatch.setattr(rocks, "MAX_TOTAL_WAL", 1 << 20)
+    store = RocksStore(tmp_path / "db")
+    try:
+        store.put_session("c", 60, 5, None, 1)
+        previous: list[Delivery] = []
+        seq = 0
+        for _ in range(300):  # ~6 MB through the queue family, each batch acked in the next
+            batch = []
+            for _ in range(100):
+                seq += 1
+                d = Delivery(Message("t", bytes(200), 1, False, Properties()), 1, False, ())
+                d.seq = seq
+                store.put_queued("c", d)
+                batch.append(d)
+            for d in previous:
+                store.delete_delivery("c", d)
+            previous = batch
+            commit(store)
+        wal_bytes = sum(os.path.getsize(os.path.join(store.path, n)) for n in wals(store))
+        assert wal_bytes < 3 << 20
+        assert [d.seq for d in store.load().sessions["c"].queue] == [d.seq for d in previous]
+    finally:
+        store.close()
