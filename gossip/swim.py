@@ -54,7 +54,8 @@ HEAL_BURST_QUIET = 30  # probe intervals between two bursts
 
 # Sweep: once two or more members are suspect at the same time (a correlated failure:
 # a cut cable more likely than two crashes), every node probes `sweep_size(n)` extra
-# members per probe interval for SWEEP_ROUNDS intervals.  One probe per node per
+# members per probe interval for SWEEP_ROUNDS intervals, and after each round pushes
+# what it found to one member in a push-pull.  One probe per node per
 # interval leaves a member of the far side unprobed for many intervals (with 600 of
 # 1,000 nodes probing, each far member is probed with p ~ 0.45 per interval, so the last
 # of 400 waits ~10 s); a sweep has the whole far side suspected within a few seconds,
@@ -600,6 +601,12 @@ class Swim:
         if self._sweep_left <= 0 or self.leaving:
             self._sweep_left = 0
             return
+        if self._sweep_left < SWEEP_ROUNDS:
+            # what the last round found (and gossip brought) goes out as one full-state
+            # exchange: hundreds of fresh suspicions would queue for piggyback space
+            picked = self._random_members(1, exclude=None, states=(ALIVE,))
+            if picked:
+                self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
         self._sweep_left -= 1
         busy = {p.target for p in self._sweep.values()}
         if self._probe is not None:

@@ -13,7 +13,7 @@ from gossip import wire
 from gossip.config import LAN
 from gossip.events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged
 from gossip.formulas import retransmit_limit, suspicion_bounds
-from gossip.swim import Swim
+from gossip.swim import Swim, frame_body
 
 from .helpers import Cluster, addr_of, packet
 
@@ -646,3 +646,16 @@ def test_a_sweep_from_an_isolated_node_accuses_nobody() -> None:
     # not one nack came back: the silence is a's own, so none of it is an accusation
     assert a.stats.probes_inconclusive >= first_round
     assert all(c.state("a", n) == ALIVE for n in names[3:])
+
+
+def test_after_each_sweep_round_what_was_found_goes_out_in_a_push_pull() -> None:
+    sw = lone()
+    sw.bootstrap([(n, addr_of(n)) for n in "efg"], 0.0)
+    feed(sw, suspect("b", 0, by="c"), suspect("c", 0, by="d"), now=0.1)
+    assert sw.stats.sweeps == 1
+    kinds = lambda: [wire.decode_frame_body(frame_body(body))["t"] for _, body in sw.streams_to_open()]  # noqa: E731
+    assert "push_pull" not in kinds()  # nothing found yet
+    sw.handle_timer(1.15)  # round one over (nobody answered), round two begins
+    assert "push_pull" in kinds()
+    # no helper nacked: inconclusive, as for any probe
+    assert [n for n in "defg" if sw.members[n].state != ALIVE] == []
