@@ -3,6 +3,9 @@ what the store lacks, with each delivery's state as of the take."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mesh.broker import Broker
 from mesh.mqtt import EMPTY_PROPERTIES
 from session_store.model import Delivery, Message, SubscriptionOptions
@@ -128,3 +131,115 @@ def test_restored_deliveries_know_their_records():
     assert batch.deletes == [("c", 1)] and [(d.seq, st) for d, st in batch.puts] == [(2, 1 | 7 << 2)]
     store.write_batch(batch, sync=True)
     assert stream(store) == ([(7, 2, "publish")], [])
+
+
+# -- a model: what the store must give back after any sequence of broker-like steps ----------
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.sampled_from("ab"), st.integers(1, 4)),  # n queued
+        st.tuples(st.just("send"), st.sampled_from("ab"), st.integers(1, 3)),  # queue head -> inflight
+        st.tuples(st.just("ack"), st.sampled_from("ab"), st.integers(0, 5)),  # i-th inflight done
+        st.tuples(st.just("pubrel"), st.sampled_from("ab"), st.integers(0, 5)),
+        st.tuples(st.just("drop"), st.sampled_from("ab"), st.integers(0, 9)),  # i-th queued dropped
+        st.tuples(st.just("end"), st.sampled_from("ab")),  # the session is deleted (and recreated)
+        st.tuples(st.just("handed"), st.sampled_from("ab"), st.integers(1, 3)),  # a tail with lower seqs
+        st.just(("commit",)),
+        st.just(("restart",)),
+    ),
+    max_size=60,
+)
+
+
+class Model:
+    """A broker's view of two sessions: queue and inflight by seq, and the objects."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.next_seq = 1000
+        self.low_seq = 1  # a tail handed over from another node sorts before (merge_handed_tail)
+        self.queue: dict[str, list[Delivery]] = {"a": [], "b": []}
+        self.inflight: dict[str, list[tuple[int, Delivery, str]]] = {"a": [], "b": []}
+        for cid in "ab":
+            store.put_session(cid, 60, 5, None, 1)
+
+    def step(self, op: tuple) -> None:
+        store, kind = self.store, op[0]
+        if kind == "publish":
+            for _ in range(op[2]):
+                d = delivery(self.next_seq)
+                self.next_seq += 1
+                self.queue[op[1]].append(d)
+                store.put_queued(op[1], d)
+        elif kind == "handed":
+            for _ in range(op[2]):
+                d = delivery(self.low_seq)
+                self.low_seq += 1
+                self.queue[op[1]].append(d)
+                store.put_queued(op[1], d)
+            self.queue[op[1]].sort(key=lambda d: d.seq)
+        elif kind == "send":
+            for _ in range(op[2]):
+                if self.queue[op[1]]:
+                    d = self.queue[op[1]].pop(0)
+                    store.delete_delivery(op[1], d)
+                    pid = d.seq % 65535 + 1
+                    self.inflight[op[1]].append((pid, d, "publish"))
+                    store.put_inflight(op[1], pid, d, "publish")
+        elif kind in ("ack", "pubrel"):
+            window = self.inflight[op[1]]
+            if window:
+                i = op[2] % len(window)
+                pid, d, _ = window[i]
+                if kind == "ack":
+                    del window[i]
+                    store.delete_delivery(op[1], d)
+                else:
+                    window[i] = (pid, d, "pubrel")
+                    store.put_inflight(op[1], pid, d, "pubrel")
+        elif kind == "drop":
+            queue = self.queue[op[1]]
+            if queue:
+                store.delete_delivery(op[1], queue.pop(op[2] % len(queue)))
+        elif kind == "end":
+            store.delete_session(op[1])
+            store.put_session(op[1], 60, 5, None, 1)
+            self.queue[op[1]], self.inflight[op[1]] = [], []
+        elif kind == "commit":
+            commit(self.store)
+
+    def restart(self, store: SessionStore) -> None:
+        """Continue on a restarted store with the deliveries it gave back."""
+        self.store = store
+        state = store.load()
+        for cid in "ab":
+            s = state.sessions[cid]
+            self.queue[cid] = list(s.queue)
+            self.inflight[cid] = list(s.inflight)
+
+    def expected(self) -> dict:
+        return {cid: ([(pid, d.seq, st) for pid, d, st in sorted(self.inflight[cid], key=lambda e: e[1].seq)],
+                      [d.seq for d in self.queue[cid]]) for cid in "ab"}
+
+
+def restarted(store: MemoryStore) -> MemoryStore:
+    fresh = MemoryStore()
+    fresh._data = store._data
+    return fresh
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=STEPS)
+def test_what_comes_back_after_a_restart_is_what_was_committed(steps):
+    model = Model(MemoryStore())
+    for op in steps:
+        if op[0] == "restart":
+            commit(model.store)  # a clean stop commits everything
+            model.restart(restarted(model.store))
+        else:
+            model.step(op)
+    commit(model.store)
+    state = restarted(model.store).load()
+    got = {cid: ([(pid, d.seq, st) for pid, d, st in sorted(s.inflight, key=lambda e: e[1].seq)],
+                 [d.seq for d in s.queue]) for cid, s in state.sessions.items()}
+    assert got == model.expected() and state.skipped == 0
