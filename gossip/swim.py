@@ -60,6 +60,10 @@ HEAL_BURST_QUIET = 30  # probe intervals between two bursts
 # 1,000 nodes probing, each far member is probed with p ~ 0.45 per interval, so the last
 # of 400 waits ~10 s); a sweep has the whole far side suspected within a few seconds,
 # and detection is then bounded by the suspicion timeout, not by the probe rate.
+# A sweep probe's helpers are drawn first from members that answered this sweep: right
+# after a cut our view still holds the far side alive, and helpers picked from it at
+# random (60 % far on a 400-of-1,000 side) often all sit across the cut, leaving the
+# probe without a nack and so without a verdict.
 SWEEP_ROUNDS = 3
 SWEEP_QUIET = 30  # probe intervals between two sweeps
 
@@ -202,6 +206,7 @@ class Swim:
         self._sweep: dict[int, _Probe] = {}  # seq -> sweep probe in flight
         self._sweep_left = 0
         self._sweep_quiet_until = 0.0
+        self._sweep_reached: list[str] = []  # members that answered this sweep
 
     # ------------------------------------------------------------------ driver API
 
@@ -368,7 +373,9 @@ class Swim:
             return
         swept = self._sweep.get(seq)
         if swept is not None:
-            swept.acked = True  # sweeps leave the health score to the regular probe
+            if not swept.acked:
+                swept.acked = True  # sweeps leave the health score to the regular probe
+                self._sweep_reached.append(swept.target)
             return
         relay = self._relays.get(seq)
         if relay is not None and not relay.done:
@@ -593,6 +600,7 @@ class Swim:
         if size <= 0:
             return
         self.stats.sweeps += 1
+        self._sweep_reached = []
         self._sweep_left = SWEEP_ROUNDS
         self._sweep_quiet_until = now + SWEEP_QUIET * self.config.probe_interval
         self._sweep_round(now)
@@ -729,7 +737,7 @@ class Swim:
         elif kind == _T_SWEEP_DIRECT:
             probe = self._sweep.get(arg)
             if probe is not None and not probe.acked:
-                self._ask_helpers(probe)
+                self._ask_helpers(probe, prefer=self._sweep_reached)
         elif kind == _T_SWEEP_END:
             probe = self._sweep.pop(arg, None)
             if probe is not None and not probe.acked and not self.leaving:
@@ -782,12 +790,28 @@ class Swim:
             return
         self._ask_helpers(probe)
 
-    def _ask_helpers(self, probe: _Probe) -> None:
-        """No direct ack in time: ask others to ping the target for us."""
+    def _ask_helpers(self, probe: _Probe, prefer: list[str] | None = None) -> None:
+        """No direct ack in time: ask others to ping the target for us (first from
+        ``prefer``, members known to answer us)."""
         target = self.members.get(probe.target)
         if target is None:
             return
-        helpers = self._random_members(self.config.indirect_checks, exclude=probe.target, states=(ALIVE,))
+        k = self.config.indirect_checks
+        helpers: list[str] = []
+        if prefer:
+            for _ in range(min(len(prefer), 3 * k)):
+                if len(helpers) >= k:
+                    break
+                node = prefer[int(self.rng.random() * len(prefer))]
+                m = self.members.get(node)
+                if node != probe.target and node not in helpers and m is not None and m.state == ALIVE:
+                    helpers.append(node)
+        if len(helpers) < k:
+            for node in self._random_members(k, exclude=probe.target, states=(ALIVE,)):
+                if len(helpers) >= k:
+                    break
+                if node not in helpers:
+                    helpers.append(node)
         want_nack = self.config.lifeguard
         for hid in helpers:
             h = self.members[hid]

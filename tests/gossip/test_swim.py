@@ -659,3 +659,23 @@ def test_after_each_sweep_round_what_was_found_goes_out_in_a_push_pull() -> None
     assert "push_pull" in kinds()
     # no helper nacked: inconclusive, as for any probe
     assert [n for n in "defg" if sw.members[n].state != ALIVE] == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 6])
+def test_sweep_helpers_come_from_members_that_answered_so_a_small_side_still_gets_verdicts(seed: int) -> None:
+    # a is on the small side: 3 others with it, 12 across the cut.  Helpers drawn at
+    # random from a's stale view would all sit across the cut 40 % of the time (no
+    # nack, no verdict: with these seeds 1 to 3 of a's first-round probes); drawn
+    # from the members that answered the sweep, they are on a's side and nack.
+    near = ["n1", "n2", "n3"]
+    far = [f"f{i}" for i in range(12)]
+    c = Cluster(["a", *near, *far], CFG, seed=seed)
+    c.run_until(1.0)
+    c.drop = lambda src, dst, types: (src in far) != (dst in far)
+    a = c.nodes["a"]
+    feed(a, suspect("f0", 0, by="n1"), suspect("f1", 0, by="n2"), now=c.now)
+    swept = {p.target for p in a._sweep.values()} & set(far)
+    assert len(swept) >= 5
+    c.run_until(c.now + 1.05)
+    assert {f for f in swept if c.state("a", f) == SUSPECT} == swept
+    assert all(c.state("a", n) == ALIVE for n in near)
