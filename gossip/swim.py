@@ -44,6 +44,7 @@ _T_HEAL_BURST = 10
 _T_SWEEP = 11
 _T_SWEEP_DIRECT = 12
 _T_SWEEP_END = 13
+_T_SWEEP_PUSH = 14
 
 # Push-pulls a node makes, one per probe interval, once it learns the cluster had
 # declared it dead, or sees a member it held dead come back (either side of a healed
@@ -55,7 +56,7 @@ HEAL_BURST_QUIET = 30  # probe intervals between two bursts
 # Sweep: once two or more members are suspect at the same time (a correlated failure:
 # a cut cable more likely than two crashes), every node probes `sweep_size(n)` extra
 # members per probe interval for SWEEP_ROUNDS intervals, and after each round pushes
-# what it found to one member in a push-pull.  One probe per node per
+# what it found to one member in a push-pull, and again half an interval later.  One probe per node per
 # interval leaves a member of the far side unprobed for many intervals (with 600 of
 # 1,000 nodes probing, each far member is probed with p ~ 0.45 per interval, so the last
 # of 400 waits ~10 s); a sweep has the whole far side suspected within a few seconds,
@@ -605,16 +606,20 @@ class Swim:
         self._sweep_quiet_until = now + SWEEP_QUIET * self.config.probe_interval
         self._sweep_round(now)
 
+    def _sweep_push(self, now: float) -> None:
+        # what the last round found (and gossip brought) goes out as one full-state
+        # exchange: hundreds of fresh suspicions would queue for piggyback space
+        picked = self._random_members(1, exclude=None, states=(ALIVE,))
+        if picked:
+            self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
+
     def _sweep_round(self, now: float) -> None:
         if self._sweep_left <= 0 or self.leaving:
             self._sweep_left = 0
             return
         if self._sweep_left < SWEEP_ROUNDS:
-            # what the last round found (and gossip brought) goes out as one full-state
-            # exchange: hundreds of fresh suspicions would queue for piggyback space
-            picked = self._random_members(1, exclude=None, states=(ALIVE,))
-            if picked:
-                self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
+            self._sweep_push(now)
+            self._schedule(now + self.config.probe_interval / 2, _T_SWEEP_PUSH, None)
         self._sweep_left -= 1
         busy = {p.target for p in self._sweep.values()}
         if self._probe is not None:
@@ -734,6 +739,9 @@ class Swim:
             self._heal_burst(now)
         elif kind == _T_SWEEP:
             self._sweep_round(now)
+        elif kind == _T_SWEEP_PUSH:
+            if not self.leaving:
+                self._sweep_push(now)
         elif kind == _T_SWEEP_DIRECT:
             probe = self._sweep.get(arg)
             if probe is not None and not probe.acked:

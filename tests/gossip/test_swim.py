@@ -657,6 +657,8 @@ def test_after_each_sweep_round_what_was_found_goes_out_in_a_push_pull() -> None
     assert "push_pull" not in kinds()  # nothing found yet
     sw.handle_timer(1.15)  # round one over (nobody answered), round two begins
     assert "push_pull" in kinds()
+    sw.handle_timer(1.65)  # and again half an interval later (what gossip brought meanwhile)
+    assert "push_pull" in kinds()
     # no helper nacked: inconclusive, as for any probe
     assert [n for n in "defg" if sw.members[n].state != ALIVE] == []
 
