@@ -50,7 +50,7 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--join", action="store_true", help="start with every node joining through n0 instead of a converged view")
     p.add_argument("--suspicion-mult", type=int, default=None, help="override the preset's suspicion multiplier")
     p.add_argument("--sweep-mult", type=int, default=None,
-                   help="override the preset's sweep multiplier (extra probes per interval once two members are "
+                   help="override the preset's sweep multiplier (extra probes per interval once three members are "
                         "suspect at once; 0 turns sweeps off, for comparison)")
     p.add_argument("--out", required=True, help="directory for the traces (one JSON Lines file per node) and summary.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

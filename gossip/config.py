@@ -42,7 +42,7 @@ class GossipConfig:
     # Lifeguard local health: probes and suspicion timeouts of an unhealthy node
     # stretch by up to this factor (score 0 .. max-1).
     awareness_max_multiplier: int = 8
-    # Once two members are suspect at once, probe sweep_mult * ceil(log10 N) extra
+    # Once three members are suspect at once, probe sweep_mult * ceil(log10 N) extra
     # members per interval for three intervals (0: never), so a netsplit's far side
     # is suspected within seconds instead of waiting for the round robin.
     sweep_mult: int = 8

@@ -65,7 +65,7 @@ def node_metrics(node: "Node") -> Metrics:
                        lambda: cluster.malformed_items + cluster.inbound.malformed)
     m.counter_callback("meshd_gossip_malformed_total", "malformed gossip packets dropped",
                        lambda: node.gossip.stats.get("malformed", 0))
-    m.counter_callback("meshd_gossip_sweeps_total", "probe sweeps started (two or more members suspect at once)",
+    m.counter_callback("meshd_gossip_sweeps_total", "probe sweeps started (three or more members suspect at once)",
                        lambda: node.gossip.stats.get("sweeps", 0))
     handoffs = cluster.handoffs
     ho = handoffs.stats

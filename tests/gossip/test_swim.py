@@ -609,19 +609,21 @@ def test_every_preset_detects_a_crash_and_gets_its_nacks_in_time(name: str) -> N
 
 # ---------------------------------------------------------------- sweeps
 
-def test_two_suspects_at_once_start_a_sweep_that_reaches_the_rest_of_a_cut() -> None:
-    names = ["a"] + [f"n{i}" for i in range(1, 12)]
+def test_three_suspects_at_once_start_a_sweep_that_reaches_the_rest_of_a_cut() -> None:
+    names = ["a"] + [f"n{i}" for i in range(1, 14)]
     c = Cluster(names, CFG, seed=3)
     c.run_until(1.0)
-    far = {"n7", "n8", "n9", "n10", "n11"}
+    far = {"n7", "n8", "n9", "n10", "n11", "n12", "n13"}
     c.drop = lambda src, dst, types: (src in far) != (dst in far)  # a clean cut
     a = c.nodes["a"]
     feed(a, suspect("n7", 0, by="n1"), suspect("n8", 0, by="n2"), now=c.now)
+    assert a.stats.sweeps == 0  # two at once may be two slow members
+    feed(a, suspect("n9", 0, by="n3"), now=c.now)
     assert a.stats.sweeps == 1
     swept = {m[2] for m in sent_parts(a, c.now) if m[0] == "ping"}
     # everyone else alive is pinged at once (sweep size here covers the cluster),
-    # the two suspects are left to the regular probe
-    assert swept == set(names) - {"a", "n7", "n8"} - ({a._probe.target} if a._probe else set())
+    # the suspects are left to the regular probe
+    assert swept == set(names) - {"a", "n7", "n8", "n9"} - ({a._probe.target} if a._probe else set())
     health = a.health
     c.run_until(c.now + 1.05)
     # the sweep's failed probes had nacks from same-side helpers: conclusive
@@ -629,7 +631,7 @@ def test_two_suspects_at_once_start_a_sweep_that_reaches_the_rest_of_a_cut() -> 
     assert all(c.state("a", n) == ALIVE for n in names[1:7])
     assert a.health <= health  # sweeps leave the health score to the regular probe
     # one sweep per quiet period, however many more suspects show up
-    feed(a, suspect("n9", 0, by="n3"), now=c.now)
+    feed(a, suspect("n13", 0, by="n3"), now=c.now)
     assert a.stats.sweeps == 1
 
 
@@ -639,19 +641,19 @@ def test_a_sweep_from_an_isolated_node_accuses_nobody() -> None:
     c.run_until(1.0)
     c.drop = lambda src, dst, types: dst == "a"  # a's receive path is broken
     a = c.nodes["a"]
-    feed(a, suspect("n1", 0, by="n2"), suspect("n2", 0, by="n3"), now=c.now)
+    feed(a, suspect("n1", 0, by="n2"), suspect("n2", 0, by="n3"), suspect("n3", 0, by="n4"), now=c.now)
     first_round = a.stats.sweep_probes
-    assert a.stats.sweeps == 1 and first_round >= 5
+    assert a.stats.sweeps == 1 and first_round >= 4
     c.run_until(c.now + 1.05)
     # not one nack came back: the silence is a's own, so none of it is an accusation
     assert a.stats.probes_inconclusive >= first_round
-    assert all(c.state("a", n) == ALIVE for n in names[3:])
+    assert all(c.state("a", n) == ALIVE for n in names[4:])
 
 
 def test_after_each_sweep_round_what_was_found_goes_out_in_a_push_pull() -> None:
     sw = lone()
-    sw.bootstrap([(n, addr_of(n)) for n in "efg"], 0.0)
-    feed(sw, suspect("b", 0, by="c"), suspect("c", 0, by="d"), now=0.1)
+    sw.bootstrap([(n, addr_of(n)) for n in "efgh"], 0.0)
+    feed(sw, suspect("b", 0, by="c"), suspect("c", 0, by="d"), suspect("h", 0, by="d"), now=0.1)
     assert sw.stats.sweeps == 1
     kinds = lambda: [wire.decode_frame_body(frame_body(body))["t"] for _, body in sw.streams_to_open()]  # noqa: E731
     assert "push_pull" not in kinds()  # nothing found yet
@@ -663,11 +665,11 @@ def test_after_each_sweep_round_what_was_found_goes_out_in_a_push_pull() -> None
     assert [n for n in "defg" if sw.members[n].state != ALIVE] == []
 
 
-@pytest.mark.parametrize("seed", [1, 2, 6])
+@pytest.mark.parametrize("seed", [2, 4, 6])
 def test_sweep_helpers_come_from_members_that_answered_so_a_small_side_still_gets_verdicts(seed: int) -> None:
     # a is on the small side: 3 others with it, 12 across the cut.  Helpers drawn at
     # random from a's stale view would all sit across the cut 40 % of the time (no
-    # nack, no verdict: with these seeds 1 to 3 of a's first-round probes); drawn
+    # nack, no verdict: with these seeds, some of a's first-round probes); drawn
     # from the members that answered the sweep, they are on a's side and nack.
     near = ["n1", "n2", "n3"]
     far = [f"f{i}" for i in range(12)]
@@ -675,7 +677,7 @@ def test_sweep_helpers_come_from_members_that_answered_so_a_small_side_still_get
     c.run_until(1.0)
     c.drop = lambda src, dst, types: (src in far) != (dst in far)
     a = c.nodes["a"]
-    feed(a, suspect("f0", 0, by="n1"), suspect("f1", 0, by="n2"), now=c.now)
+    feed(a, suspect("f0", 0, by="n1"), suspect("f1", 0, by="n2"), suspect("f2", 0, by="n3"), now=c.now)
     swept = {p.target for p in a._sweep.values()} & set(far)
     assert len(swept) >= 5
     c.run_until(c.now + 1.05)
