@@ -52,6 +52,9 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-mult", type=int, default=None,
                    help="override the preset's sweep multiplier (extra probes per interval once three members are "
                         "suspect at once; 0 turns sweeps off, for comparison)")
+    p.add_argument("--suspicion-age-credit", type=float, default=None,
+                   help="override how much of a suspicion's age a member credits when it hears of it late, in "
+                        "log10(N) probe intervals (default 1; 0: the timeout runs from receipt, memberlist's rule)")
     p.add_argument("--out", required=True, help="directory for the traces (one JSON Lines file per node) and summary.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -82,6 +85,11 @@ def simulate_main(argv: list[str]) -> int:
             print("meshd simulate: --sweep-mult must be 0 or more", file=sys.stderr)
             return 2
         overrides["sweep_mult"] = args.sweep_mult
+    if args.suspicion_age_credit is not None:
+        if not 0 <= args.suspicion_age_credit <= 4:
+            print("meshd simulate: --suspicion-age-credit must be between 0 and 4", file=sys.stderr)
+            return 2
+        overrides["suspicion_age_credit"] = args.suspicion_age_credit
     params = SimParams(
         nodes=args.nodes,
         seconds=args.seconds,

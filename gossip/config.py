@@ -36,6 +36,14 @@ class GossipConfig:
     # when the accuser is alone (Lifeguard's dynamic suspicion).
     suspicion_mult: int = 4
     suspicion_max_timeout_mult: int = 6
+    # A suspicion heard from others starts as old as its accusation (the accuser's
+    # timestamp, or the sender's for a push-pull), up to suspicion_age_credit *
+    # max(1, log10 N) probe intervals: the dissemination time the timeout's log N
+    # factor budgets.  So every member declares the accused dead about one timeout
+    # after the first accusation, not one timeout after gossip happened to reach
+    # it.  The cap bounds what clock skew can take off a suspicion (at most a
+    # quarter of the timeout at suspicion_mult 4).  0: start at receipt (memberlist).
+    suspicion_age_credit: float = 1.0
     # Full state exchange over TCP with one random member; scaled up above 32 members
     # so the total push-pull load stays flat as the cluster grows.
     push_pull_interval: float = 30.0

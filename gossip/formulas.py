@@ -16,6 +16,16 @@ def suspicion_timeout(suspicion_mult: int, n: int, interval: float) -> float:
     return suspicion_mult * math.floor(node_scale * 1000) * interval / 1000
 
 
+def suspicion_age_cap(credit_mult: float, n: int, interval: float) -> float:
+    """Most of a suspicion's age (seconds) a member may credit when it hears of it:
+    credit_mult * max(1, log10 n) * interval, the time gossip takes to reach everyone
+    (what the log factor of `suspicion_timeout` budgets)."""
+    if credit_mult <= 0:
+        return 0.0
+    node_scale = max(1.0, math.log10(max(1.0, float(n))))
+    return credit_mult * math.floor(node_scale * 1000) * interval / 1000
+
+
 def suspicion_bounds(suspicion_mult: int, max_mult: int, n: int, interval: float) -> tuple[float, float]:
     """(min, max) suspicion timeout: Lifeguard starts at max and shrinks towards min."""
     lo = suspicion_timeout(suspicion_mult, n, interval)

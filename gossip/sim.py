@@ -120,6 +120,7 @@ class SimResult:
         return {
             "nodes": self.params.nodes,
             "virtual_s": self.params.seconds,
+            "overrides": dict(self.params.overrides),  # preset settings changed for this run
             "wall_s": round(self.wall_seconds, 2),
             "speed_x": round(self.params.seconds / self.wall_seconds, 2) if self.wall_seconds else None,
             "cpu_s": round(self.cpu_seconds, 2),

@@ -24,7 +24,15 @@ from . import wire
 from .broadcasts import TransmitLimitedQueue
 from .config import LAN, GossipConfig
 from .events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
-from .formulas import push_pull_scale, remaining_suspicion_time, retransmit_limit, scale_timeout, suspicion_bounds, sweep_size
+from .formulas import (
+    push_pull_scale,
+    remaining_suspicion_time,
+    retransmit_limit,
+    scale_timeout,
+    suspicion_age_cap,
+    suspicion_bounds,
+    sweep_size,
+)
 
 Addr = tuple[str, int]
 PushPullProvider = tuple[Callable[[], object], Callable[[object], None]]
@@ -419,7 +427,7 @@ class Swim:
 
     def _on_suspect(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         _, node, inc, by, ots, hops = msg
-        self._suspect(str(node), int(inc), str(by), int(ots), int(hops) + 1, now)
+        self._suspect(str(node), int(inc), str(by), int(ots), int(hops) + 1, now, credit=True)
 
     def _on_dead(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         _, node, inc, by, ots, hops = msg
@@ -505,7 +513,10 @@ class Swim:
             if old == DEAD:
                 self._start_heal_burst(now)  # a lost member is back: the rest may be too
 
-    def _suspect(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
+    def _suspect(self, node: str, inc: int, by: str, ots: int, hops: int, now: float, *, credit: bool = False) -> None:
+        """`credit`: `ots` is when the suspicion began (an accuser's or a sender's
+        timestamp), so a new suspicion starts that old (capped: see
+        `GossipConfig.suspicion_age_credit`)."""
         if node == self.id:
             self._accused(inc, now)
             return
@@ -531,11 +542,15 @@ class Swim:
             k = 0
         if k == 0:
             hi = lo
+        start = now
+        if credit:
+            cap = suspicion_age_cap(self.config.suspicion_age_credit, n, self.config.probe_interval)
+            start -= min(max((ts - ots) / 1_000_000, 0.0), cap)
         self._timer_seq += 1
-        s = _Suspicion(inc, now, lo, hi, k, {by}, self._timer_seq, by, ots)
-        s.deadline = now + remaining_suspicion_time(0, k, 0.0, lo, hi)
+        s = _Suspicion(inc, start, lo, hi, k, {by}, self._timer_seq, by, ots)
+        s.deadline = start + remaining_suspicion_time(0, k, 0.0, lo, hi)
         self._suspicions[node] = s
-        self._schedule(s.deadline, _T_SUSPECT, (node, s.token))
+        self._schedule(max(now, s.deadline), _T_SUSPECT, (node, s.token))
         if len(self._suspicions) >= SWEEP_MIN_SUSPECTS:
             self._start_sweep(now)
 
@@ -1059,7 +1074,10 @@ class Swim:
                 # memberlist: another node's "dead" is only grounds for our suspicion
                 if node not in self.members and state == SUSPECT:
                     self._alive(node, inc, addr, node, changed_us, 1, now)
-                self._suspect(node, inc, sender, changed_us, 1, now)
+                # a sender's "suspect" dates from when it began to suspect: creditable;
+                # its "dead" dates from its verdict, which says nothing about how long
+                # the accused has had to refute here
+                self._suspect(node, inc, sender, changed_us, 1, now, credit=state == SUSPECT)
         broadcasts = env.get("broadcasts")
         if isinstance(broadcasts, list):
             for entry in broadcasts:

@@ -10,6 +10,7 @@ from gossip.formulas import (
     remaining_suspicion_time,
     retransmit_limit,
     scale_timeout,
+    suspicion_age_cap,
     suspicion_bounds,
     suspicion_timeout,
 )
@@ -21,6 +22,16 @@ from gossip.formulas import (
 )
 def test_suspicion_timeout_scales_with_log10_n(n: int, expected: float) -> None:
     assert suspicion_timeout(3, n, 1.0) / 3 == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "mult, n, interval, expected",
+    [(1.0, 4, 1.0, 1.0), (1.0, 100, 1.0, 2.0), (1.0, 1000, 1.0, 3.0), (0.5, 1000, 1.0, 1.5), (1.0, 100, 0.2, 0.4), (0.0, 1000, 1.0, 0.0)],
+)
+def test_suspicion_age_cap_is_one_dissemination_time(mult: float, n: int, interval: float, expected: float) -> None:
+    assert suspicion_age_cap(mult, n, interval) == pytest.approx(expected)
+    # never more than a quarter of the minimum timeout at the presets' multipliers
+    assert suspicion_age_cap(mult, n, interval) <= suspicion_timeout(4, n, interval) * mult / 4 + 1e-9
 
 
 def test_suspicion_bounds_lan_100_nodes() -> None:

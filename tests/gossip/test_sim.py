@@ -141,7 +141,16 @@ def test_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert len(list(out.glob("n*.jsonl"))) == 20
 
 
-@pytest.mark.parametrize("argv", [["--nodes", "1", "--out", "x"], ["--crash", "5", "--nodes", "5", "--out", "x"], ["--partition", "0-3", "--out", "x"]])
+def test_simulate_cli_passes_gossip_overrides_and_records_them(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    argv = ["--nodes", "8", "--seconds", "5", "--suspicion-age-credit", "0", "--sweep-mult", "2", "--out", str(out), "--no-progress"]
+    assert simulate_main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overrides"] == {"suspicion_age_credit": 0.0, "sweep_mult": 2}
+
+
+@pytest.mark.parametrize("argv", [["--nodes", "1", "--out", "x"], ["--crash", "5", "--nodes", "5", "--out", "x"], ["--partition", "0-3", "--out", "x"],
+                                  ["--suspicion-age-credit", "-1", "--out", "x"], ["--sweep-mult", "-1", "--out", "x"]])
 def test_simulate_cli_rejects_bad_arguments(argv: list[str], tmp_path: Path) -> None:
     argv = [a if a != "x" else str(tmp_path / "o") for a in argv]
     assert simulate_main(argv) == 2

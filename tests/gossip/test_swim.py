@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gossip import wire
 from gossip.config import LAN
 from gossip.events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged
-from gossip.formulas import retransmit_limit, suspicion_bounds
+from gossip.formulas import retransmit_limit, suspicion_age_cap, suspicion_bounds
 from gossip.swim import Swim, frame_body
 
 from .helpers import Cluster, addr_of, packet
@@ -45,6 +45,11 @@ def sent_parts(sw: Swim, now: float) -> list[list]:
 
 def feed(sw: Swim, *msgs: list, now: float = 0.1, sender: str = "c") -> None:
     sw.receive(packet(sender, *msgs), addr_of(sender), now)
+
+
+def us(t: float) -> int:
+    """A trace timestamp (µs) for time t: what an accuser stamps a suspicion with."""
+    return int(round(t * 1_000_000))
 
 
 # ---------------------------------------------------------------- precedence
@@ -168,7 +173,7 @@ def test_lone_accuser_waits_the_maximum_suspicion_timeout() -> None:
     n = sw.num_members()
     lo, hi = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, n, CFG.probe_interval)
     # with 4 members k = min(mult-2, n-2) = 2 confirmations expected
-    feed(sw, suspect("b", 0, by="c"), now=10.0)
+    feed(sw, suspect("b", 0, by="c", ots=us(10.0)), now=10.0)
     sw.handle_timer(10.0 + hi - 0.01)
     assert sw.members["b"].state == SUSPECT
     sw.handle_timer(10.0 + hi)
@@ -178,7 +183,7 @@ def test_lone_accuser_waits_the_maximum_suspicion_timeout() -> None:
 def test_independent_confirmations_shrink_the_timeout_to_the_minimum() -> None:
     sw = lone()
     lo, hi = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, sw.num_members(), CFG.probe_interval)
-    feed(sw, suspect("b", 0, by="c"), now=10.0)
+    feed(sw, suspect("b", 0, by="c", ots=us(10.0)), now=10.0)
     feed(sw, suspect("b", 0, by="d"), now=10.5, sender="d")
     feed(sw, suspect("b", 0, by="c"), now=10.6)  # the same accuser again does not count
     sw.handle_timer(10.0 + lo + 1.0)
@@ -193,10 +198,66 @@ def test_independent_confirmations_shrink_the_timeout_to_the_minimum() -> None:
 def test_without_lifeguard_the_suspicion_timeout_is_fixed_at_min() -> None:
     sw = lone(config=CFG.with_(lifeguard=False))
     lo, _ = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, sw.num_members(), CFG.probe_interval)
-    feed(sw, suspect("b", 0, by="c"), now=10.0)
+    feed(sw, suspect("b", 0, by="c", ots=us(10.0)), now=10.0)
+    sw.handle_timer(10.0 + lo - 0.01)
+    assert sw.members["b"].state == SUSPECT
     sw.handle_timer(10.0 + lo)
     assert sw.members["b"].state == DEAD
     assert [e.origin for e in sw.events() if isinstance(e, MemberChanged) and e.state == DEAD] == ["a"]
+
+
+def _dead_at(sw: Swim, start: float, stop: float, step: float = 0.01) -> float | None:
+    t = start
+    while t <= stop:
+        sw.handle_timer(t)
+        if sw.members["b"].state == DEAD:
+            return t
+        t = round(t + step, 6)
+    return None
+
+
+def _suspected_at(now: float, ots_s: float, **cfg: object) -> float | None:
+    """When a lone node declares b dead after hearing at `now` of a suspicion stamped
+    `ots_s` (with enough confirmations at once for the minimum timeout)."""
+    sw = lone(config=CFG.with_(**cfg))
+    feed(sw, suspect("b", 0, by="c", ots=us(ots_s)), now=now)
+    feed(sw, suspect("b", 0, by="d"), suspect("b", 0, by="e"), now=now, sender="d")
+    return _dead_at(sw, now, now + 20.0)
+
+
+def test_a_suspicion_heard_late_counts_from_its_accusation() -> None:
+    lo, _ = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, 4, CFG.probe_interval)
+    cap = suspicion_age_cap(CFG.suspicion_age_credit, 4, CFG.probe_interval)
+    assert cap == 1.0 and lo == 4.0
+    # accused at 9.4, heard here at 10.0: dead at 9.4 + lo, as at the accuser
+    assert _suspected_at(10.0, 9.4) == pytest.approx(9.4 + lo)
+    # heard at once: the full timeout from now
+    assert _suspected_at(10.0, 10.0) == pytest.approx(10.0 + lo)
+    # an old accusation (or a clock far ahead of the accuser's) is credited at most cap
+    assert _suspected_at(10.0, 2.0) == pytest.approx(10.0 - cap + lo)
+    # a stamp from the future (our clock behind the accuser's) gives no credit
+    assert _suspected_at(10.0, 12.0) == pytest.approx(10.0 + lo)
+    # credit 0: memberlist's rule, the timeout runs from when we heard
+    assert _suspected_at(10.0, 9.4, suspicion_age_credit=0.0) == pytest.approx(10.0 + lo)
+
+
+def test_push_pull_credits_a_senders_suspicion_but_not_its_dead() -> None:
+    lo, _ = suspicion_bounds(CFG.suspicion_mult, CFG.suspicion_max_timeout_mult, 4, CFG.probe_interval)
+
+    def merged(state: str) -> float | None:
+        sw = lone()
+        d = Swim("d", addr_of("d"), now=0.0, rng=random.Random(2), config=CFG)
+        d.bootstrap([(n, addr_of(n)) for n in "abc"], 0.0)
+        m = d.members["b"]
+        m.state, m.state_change_us = state, us(9.5)  # d began to suspect b (or held it dead) at 9.5
+        sw.handle_stream(d._push_pull_frame(10.0, join=False), 10.0)
+        assert sw.members["b"].state == SUSPECT  # another node's "dead" is only a suspicion here
+        feed(sw, suspect("b", 0, by="c", ots=us(10.0)), suspect("b", 0, by="e", ots=us(10.0)), now=10.0)
+        return _dead_at(sw, 10.0, 30.0)
+
+    assert merged(SUSPECT) == pytest.approx(9.5 + lo)
+    # a sender's dead dates from its verdict: the accused still gets the whole timeout here
+    assert merged(DEAD) == pytest.approx(10.0 + lo)
 
 
 # ---------------------------------------------------------------- dissemination
