@@ -533,14 +533,18 @@ class Broker:
             self.store.put_queued(session.client_id, delivery)
         if dropped is not None:
             if session.stored and dropped.seq and dropped is not delivery:
-                self.store.delete_delivery(session.client_id, dropped)
+                self.store.release_delivery(session.client_id, dropped)
             self._note_queue_drop(session, dropped)
 
     def dequeue(self, session: Session) -> Delivery:
-        delivery = session.queue.popleft()
+        """The head of the queue, which the caller either sends (`add_inflight`, whose
+        record replaces the queued one) or is done with (`release_dequeued`)."""
+        return session.queue.popleft()
+
+    def release_dequeued(self, session: Session, delivery: Delivery) -> None:
+        """A dequeued delivery that goes no further (QoS 0 sent, expired)."""
         if session.stored and delivery.seq:
-            self.store.delete_delivery(session.client_id, delivery)
-        return delivery
+            self.store.release_delivery(session.client_id, delivery)
 
     def add_inflight(self, session: Session, packet_id: int, delivery: Delivery) -> None:
         session.inflight[packet_id] = InflightEntry(delivery)
@@ -554,7 +558,7 @@ class Broker:
         if entry is None:
             return False
         if session.stored:
-            self.store.delete_delivery(session.client_id, entry.delivery)
+            self.store.release_delivery(session.client_id, entry.delivery)
         return True
 
     def mark_pubrel(self, session: Session, packet_id: int, entry: InflightEntry) -> None:
@@ -754,7 +758,7 @@ class Broker:
         session.queue.clear()
         session.queue.extend(entries)
         for d in drop:
-            self.store.delete_delivery(session.client_id, d)
+            self.store.release_delivery(session.client_id, d)
         for d in add:
             self.store.put_queued(session.client_id, d)
 

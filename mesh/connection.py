@@ -366,9 +366,11 @@ class ClientConnection:
         while queue and len(session.inflight) < self.send_window and not self.closing:
             d = broker.dequeue(session)
             if d.message.expired(now):
+                broker.release_dequeued(session, d)
                 broker.stats.dropped_expired += 1
                 continue
             if d.qos == 0:
+                broker.release_dequeued(session, d)
                 self._send_publish(d, None, False, now, None)
                 continue
             pid = session.allocate_packet_id()

@@ -142,10 +142,10 @@ class RocksStore(SessionStore):
                 wb.put(key, op[0](*op[1]), handles[cf])
         queue = handles["queue"]
         encode = records.encode_delivery_record
-        for d, state in batch.puts:
+        for d, state in zip(batch.put_deliveries, batch.put_states):
             wb.put(session_prefix(d.owner) + pack_seq(d.seq), encode(d, state & 3, state >> 2), queue)
-        if batch.deletes:
-            _delete_runs(wb, batch.deletes, queue)
+        if batch.delete_seqs:
+            _delete_runs(wb, list(zip(batch.delete_owners, batch.delete_seqs)), queue)
         self._db.write(wb, self._nosync)
         if sync:
             self._sync_wal()

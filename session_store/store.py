@@ -21,15 +21,38 @@ replaces a queued record of the same delivery.
 
 Deliveries are tracked on the `Delivery` objects, not in the batch: a delivery call
 sets the state the store should hold for it (`store_state`: queued, inflight with its
-packet id, or none) and, once per commit window, puts the object on a list of
-changed deliveries; no key, record or tuple is built on the Trio thread.
-`take_batch` compares each listed delivery's wanted state with the state its record
-has (`store_disk`) and hands the writer only the differences: a delivery queued and
-acknowledged within one window writes nothing, one acknowledged after it was
-committed writes one tombstone, one queued, sent and acknowledged across windows
-writes its record once (queued or inflight, whichever it was at the commit) and one
+packet id, or none) and, on its first change since it was last taken, puts the object
+in the set of the open commit window; no key, record or tuple is built on the Trio
+thread.  `take_batch` compares each taken delivery's wanted state with the state its
+record has (`store_disk`) and hands the writer only the differences: a delivery queued
+and acknowledged before it is taken writes nothing, one acknowledged after it was
+committed writes one tombstone, one queued, sent and acknowledged across commits
+writes its record once (queued or inflight, whichever it was at the take) and one
 tombstone.  The broker passes the same `Delivery` object for every change to a
-delivery (as it keeps it in the session), which is what makes this work.  Values are versioned (`session_store.records`):
+delivery (as it keeps it in the session), which is what makes this work.  A delivery
+that is done for good (acknowledged, dropped, expired) is released
+(`release_delivery`): it leaves its window at once, so the store holds no reference to
+it (freed as it goes, not in bursts at the takes, which cost the cyclic GC hundreds of
+collections a second), and if it has a record a tombstone joins the open window.
+
+When a change reaches the disk (`mesh.node` drives this):
+
+- `sync`: every commit takes everything (`take_batch()`); an acknowledgement waits
+  for the commit of what its packet changed.
+- `batch` and `off`, window W = `durability_batch_ms`: the committer ticks every W/2
+  on a fixed grid and calls `take_batch(hold=1)`.  The window of delivery changes made
+  since the previous tick closes and waits for the next tick; the windows before it
+  are written.  So a delivery change made at time t is written at the second tick
+  after t, at most W after it (plus the time the write itself takes; longer only when
+  the writes cannot keep up); a delivery released before then is never written.  Other
+  changes (sessions, subscriptions, wills, QoS 2 ids, retained messages, meta) go with
+  the next write and at the latest at the second tick after them, also within W.
+  **Loss bound**: a `kill -9` or a crash of the machine loses at most the changes of
+  the last W milliseconds (in `off`, a crash of the machine also what the OS had not
+  flushed).  Under a standing load there is one synced write per W/2, as many as one
+  commit per window of W/2 would make, but only of what outlived its deadline.
+
+Values are versioned (`session_store.records`):
 binary format 2 for deliveries, CBOR format 1 for everything else; format-1
 deliveries (queue and inflight families) are still read, and `load` rewrites
 format-1 inflight records into the queue family.
@@ -41,6 +64,7 @@ import functools
 import logging
 import struct
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -117,13 +141,26 @@ class PendingBatch:
     the writer.
     """
 
-    __slots__ = ("ops", "puts", "deletes", "prefix_deletes")
+    __slots__ = ("ops", "put_deliveries", "put_states", "delete_owners", "delete_seqs", "prefix_deletes")
 
     def __init__(self) -> None:
         self.ops: dict[tuple[str, bytes], Op | None] = {}
-        self.puts: list[tuple[Delivery, int]] = []
-        self.deletes: list[tuple[str, int]] = []
+        # Parallel lists, not lists of tuples: nothing for the cyclic GC to track per item.
+        self.put_deliveries: list[Delivery] = []
+        self.put_states: list[int] = []
+        self.delete_owners: list[str] = []
+        self.delete_seqs: list[int] = []
         self.prefix_deletes: list[tuple[str, bytes]] = []
+
+    @property
+    def puts(self) -> list[tuple[Delivery, int]]:
+        """(delivery, state) for every delivery record to write."""
+        return list(zip(self.put_deliveries, self.put_states))
+
+    @property
+    def deletes(self) -> list[tuple[str, int]]:
+        """(client id, seq) for every delivery record to delete."""
+        return list(zip(self.delete_owners, self.delete_seqs))
 
     def put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
         self.ops[(cf, key)] = (encoder, args)
@@ -137,17 +174,32 @@ class PendingBatch:
         self.prefix_deletes.append((cf, prefix))
 
     def __len__(self) -> int:
-        return len(self.ops) + len(self.puts) + len(self.deletes) + len(self.prefix_deletes)
+        return len(self.ops) + len(self.put_deliveries) + len(self.delete_seqs) + len(self.prefix_deletes)
 
     def items(self) -> Iterable[tuple[str, bytes, bytes | None]]:
         """(cf, key, encoded value or None for a delete), prefix deletes excluded."""
         for (cf, key), op in self.ops.items():
             yield cf, key, None if op is None else op[0](*op[1])
         encode = records.encode_delivery_record
-        for d, state in self.puts:
+        for d, state in zip(self.put_deliveries, self.put_states):
             yield "queue", session_prefix(d.owner) + pack_seq(d.seq), encode(d, state & 3, state >> 2)
-        for client_id, seq in self.deletes:
+        for client_id, seq in zip(self.delete_owners, self.delete_seqs):
             yield "queue", session_prefix(client_id) + pack_seq(seq), None
+
+
+class _Window:
+    """The delivery changes of one commit window: the deliveries first changed in it (a
+    dict used as an ordered set, so a released one leaves at once) and the records of
+    deliveries released in it (tombstones)."""
+
+    __slots__ = ("deliveries", "released", "tomb_owners", "tomb_seqs", "epoch")
+
+    def __init__(self) -> None:
+        self.deliveries: dict[Delivery, None] = {}
+        self.released = 0  # deliveries that left `deliveries` when they were released
+        self.tomb_owners: list[str] = []
+        self.tomb_seqs: list[int] = []
+        self.epoch = 0  # the write epoch when the window closed
 
 
 class SessionStore(ABC):
@@ -158,9 +210,19 @@ class SessionStore(ABC):
         self.durable_epoch = 0  # every change up to this epoch is committed
         self.on_dirty: Callable[[], None] = lambda: None
         self._batch = PendingBatch()
-        # Deliveries changed in this commit window (each once: `store_gen` == `_gen`).
-        self._changed_deliveries: list[Delivery] = []
+        # Delivery changes not yet taken, by the window ("generation") of their first
+        # such change: the open one (`_open`, generation `_gen`) and the closed ones not
+        # yet taken (`_held`, oldest first, generations `_taken + 1` ..).  A delivery is in
+        # at most one of them: the one numbered `store_gen`, if that is above `_taken`.
+        self._open = _Window()
+        self._held: deque[_Window] = deque()
         self._gen = 1
+        self._taken = 0  # every generation up to this one has been taken
+        self._taken_epoch = 0  # the write epoch when generation `_taken` closed
+        # The other changes (`_batch`): the write epoch before the first of them, and
+        # whether they were already pending at the previous tick (due at this one).
+        self._batch_epoch = 0
+        self._batch_aged = False
 
     # -- the backend -------------------------------------------------------------------------
 
@@ -176,34 +238,91 @@ class SessionStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def take_batch(self) -> tuple[PendingBatch, int]:
-        """Hand over the current batch (and the epoch it reaches) and start a new one.
+    def take_batch(self, hold: int = 0) -> tuple[PendingBatch, int]:
+        """Hand over what is to be written now (and the epoch it reaches).
 
-        The deliveries changed in the window become puts (their state now) and
-        deletes, only where the store's record differs from what it should be."""
-        batch, self._batch = self._batch, PendingBatch()
-        changed, self._changed_deliveries = self._changed_deliveries, []
+        Closes the open window of delivery changes, then takes every closed window but
+        the newest `hold` ones: their tombstones, and their deliveries whose record
+        differs from what it should be (as puts with their state now, or deletes).
+        `hold` 0 (sync mode, shutdown) takes everything.  `hold` 1 (a `batch`/`off`
+        tick, every half window): the window closed now waits for the next tick, unless
+        at least half the deliveries of the windows taken had to be written (then
+        holding it back would only cost another synced write: it goes now); the
+        other changes (sessions, subscriptions, wills, QoS 2 ids, retained, meta) go
+        with any delivery that is due, and at the latest at the tick after the one
+        that found them (so nothing waits longer than two ticks).  When nothing is due
+        the batch is empty.  The epoch returned is one that every change up to it is
+        durable at once the batch is written."""
+        held = self._held
+        window = self._open
+        window.epoch = self.write_epoch
+        held.append(window)
+        self._open = _Window()
         self._gen += 1
-        puts = batch.puts
-        deletes = batch.deletes
-        for d in changed:
+        batch = self._batch
+        changed = 0
+        while len(held) > hold:
+            changed += self._take_window(batch)
+        if hold and 2 * len(batch.put_deliveries) >= changed > 0:
+            # Most deliveries of the windows due outlived their deadline: holding back the
+            # newest window would most likely cost one more synced write for the same
+            # records, so it goes now (writing early never weakens the bound).
+            while held:
+                self._take_window(batch)
+        if hold and not batch.put_deliveries and not batch.delete_seqs and not self._batch_aged:
+            # No delivery is due and the other changes (if any) are not yet: they wait
+            # for the next tick.
+            self._batch_aged = len(batch) > 0
+            if self._batch_aged:
+                return PendingBatch(), min(self._taken_epoch, self._batch_epoch)
+            return PendingBatch(), self._taken_epoch
+        self._batch = PendingBatch()
+        self._batch_aged = False
+        return batch, self._taken_epoch
+
+    def _take_window(self, batch: PendingBatch) -> int:
+        """The oldest closed window into the batch: its tombstones, and its deliveries
+        whose record differs from what it should be.  Returns how many deliveries were
+        first changed in it (released ones included)."""
+        window = self._held.popleft()
+        self._taken += 1
+        self._taken_epoch = window.epoch
+        if window.tomb_seqs:
+            batch.delete_owners += window.tomb_owners
+            batch.delete_seqs += window.tomb_seqs
+        put_deliveries = batch.put_deliveries
+        put_states = batch.put_states
+        delete_owners = batch.delete_owners
+        delete_seqs = batch.delete_seqs
+        for d in window.deliveries:
             state = d.store_state
             if state != d.store_disk:
                 d.store_disk = state
                 if state < 0:
-                    deletes.append((d.owner, d.seq))
+                    delete_owners.append(d.owner)
+                    delete_seqs.append(d.seq)
                 else:
-                    puts.append((d, state))
-        return batch, self.write_epoch
+                    put_deliveries.append(d)
+                    put_states.append(state)
+        return len(window.deliveries) + window.released
 
     def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
-        self._batch.put(cf, key, encoder, *args)
+        batch = self._batch
+        if not batch.ops and not batch.prefix_deletes:
+            self._batch_epoch = self.write_epoch
+        batch.put(cf, key, encoder, *args)
 
     def _delete(self, cf: str, key: bytes) -> None:
-        self._batch.delete(cf, key)
+        batch = self._batch
+        if not batch.ops and not batch.prefix_deletes:
+            self._batch_epoch = self.write_epoch
+        batch.delete(cf, key)
 
     def _delete_prefix(self, cf: str, prefix: bytes) -> None:
-        self._batch.delete_prefix(cf, prefix)
+        batch = self._batch
+        if not batch.ops and not batch.prefix_deletes:
+            self._batch_epoch = self.write_epoch
+        batch.delete_prefix(cf, prefix)
 
     def _changed(self) -> None:
         if self.write_epoch == self.durable_epoch:
@@ -230,16 +349,17 @@ class SessionStore(ABC):
         prefix = session_prefix(client_id)
         for cf in SESSION_SCOPED:
             self._delete_prefix(cf, prefix)
-        # Its deliveries' pending changes go too (the range delete is applied first and
-        # would not cover them); they have no record once it is written.
-        kept: list[Delivery] = []
-        for d in self._changed_deliveries:
-            if d.owner == client_id:
+        # Its deliveries' pending changes and tombstones go too (the range delete is
+        # applied first and would not cover them); they have no record once it is written.
+        for window in (*self._held, self._open):
+            for d in [d for d in window.deliveries if d.owner == client_id]:
+                del window.deliveries[d]
                 d.store_disk = NO_RECORD
                 d.store_gen = 0
-            else:
-                kept.append(d)
-        self._changed_deliveries = kept
+            if client_id in window.tomb_owners:
+                kept = [(o, q) for o, q in zip(window.tomb_owners, window.tomb_seqs) if o != client_id]
+                window.tomb_owners = [o for o, _ in kept]
+                window.tomb_seqs = [q for _, q in kept]
         self._changed()
 
     def put_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
@@ -256,10 +376,10 @@ class SessionStore(ABC):
     def put_queued(self, client_id: str, delivery: Delivery) -> None:
         """Store a queued delivery (keyed by its sequence number)."""
         delivery.store_state = 0  # records.QUEUED
-        if delivery.store_gen != self._gen:
+        if delivery.store_gen <= self._taken:
             delivery.store_gen = self._gen
             delivery.owner = client_id
-            self._changed_deliveries.append(delivery)
+            self._open.deliveries[delivery] = None
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
@@ -268,25 +388,47 @@ class SessionStore(ABC):
         """Store a delivery sent with `packet_id` ('publish' or 'pubrel' sent): replaces
         its queued record, if it had one."""
         delivery.store_state = records.STATE_CODES[state] | packet_id << 2
-        if delivery.store_gen != self._gen:
+        if delivery.store_gen <= self._taken:
             delivery.store_gen = self._gen
             delivery.owner = client_id
-            self._changed_deliveries.append(delivery)
+            self._open.deliveries[delivery] = None
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
 
     def delete_delivery(self, client_id: str, delivery: Delivery) -> None:
-        """A queued or inflight delivery is done (acknowledged, dropped, expired) or
-        leaves the queue for the inflight window (`put_inflight` follows)."""
+        """A delivery's record is to go, and the delivery may be stored again (e.g. it
+        leaves the queue and `put_inflight` follows).  One that is done for good:
+        `release_delivery`, which is cheaper for the store."""
         delivery.store_state = NO_RECORD
-        if delivery.store_gen != self._gen:
+        if delivery.store_gen <= self._taken:
             delivery.store_gen = self._gen
             delivery.owner = client_id
-            self._changed_deliveries.append(delivery)
+            self._open.deliveries[delivery] = None
         if self.write_epoch == self.durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
+
+    def release_delivery(self, client_id: str, delivery: Delivery) -> None:
+        """A delivery is done for good (acknowledged, dropped, expired) and will never be
+        stored again: its pending change goes at once (so the store keeps no reference
+        to it and it is freed now, not in a burst at the next take) and, if it has a
+        record, a tombstone is due with this window."""
+        gen = delivery.store_gen
+        if gen > self._taken:
+            window = self._open if gen == self._gen else self._held[gen - self._taken - 1]
+            del window.deliveries[delivery]
+            window.released += 1
+            delivery.store_gen = 0
+        delivery.store_state = NO_RECORD
+        if delivery.store_disk >= 0:
+            delivery.store_disk = NO_RECORD
+            window = self._open
+            window.tomb_owners.append(client_id)
+            window.tomb_seqs.append(delivery.seq)
+            if self.write_epoch == self.durable_epoch:
+                self.on_dirty()
+            self.write_epoch += 1
 
     @staticmethod
     def forget(delivery: Delivery) -> None:
@@ -401,7 +543,7 @@ class SessionStore(ABC):
             s = sessions[cid]
             for seq in sorted(by_seq):
                 d, st, pid = by_seq[seq]
-                if d.store_gen != self._gen:  # its record is as read (format-1 inflight: being moved)
+                if d.store_gen <= self._taken:  # its record is as read (format-1 inflight: being moved)
                     d.owner = cid
                     d.store_state = d.store_disk = delivery_state(st, pid)
                 if st is None:

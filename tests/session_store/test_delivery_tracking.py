@@ -138,13 +138,17 @@ def test_restored_deliveries_know_their_records():
 STEPS = st.lists(
     st.one_of(
         st.tuples(st.just("publish"), st.sampled_from("ab"), st.integers(1, 4)),  # n queued
-        st.tuples(st.just("send"), st.sampled_from("ab"), st.integers(1, 3)),  # queue head -> inflight
-        st.tuples(st.just("ack"), st.sampled_from("ab"), st.integers(0, 5)),  # i-th inflight done
+        # queue head -> inflight (direct: `put_inflight` alone, as the broker does; else
+        # `delete_delivery` first)
+        st.tuples(st.just("send"), st.sampled_from("ab"), st.integers(1, 3), st.booleans()),
+        # i-th inflight done (release: `release_delivery`, as the broker does; else `delete_delivery`)
+        st.tuples(st.just("ack"), st.sampled_from("ab"), st.integers(0, 5), st.booleans()),
         st.tuples(st.just("pubrel"), st.sampled_from("ab"), st.integers(0, 5)),
-        st.tuples(st.just("drop"), st.sampled_from("ab"), st.integers(0, 9)),  # i-th queued dropped
+        st.tuples(st.just("drop"), st.sampled_from("ab"), st.integers(0, 9), st.booleans()),  # i-th queued dropped
         st.tuples(st.just("end"), st.sampled_from("ab")),  # the session is deleted (and recreated)
         st.tuples(st.just("handed"), st.sampled_from("ab"), st.integers(1, 3)),  # a tail with lower seqs
         st.just(("commit",)),
+        st.just(("tick",)),  # a batch-mode tick: `take_batch(hold=1)`
         st.just(("restart",)),
     ),
     max_size=60,
@@ -182,7 +186,8 @@ class Model:
             for _ in range(op[2]):
                 if self.queue[op[1]]:
                     d = self.queue[op[1]].pop(0)
-                    store.delete_delivery(op[1], d)
+                    if not op[3]:
+                        store.delete_delivery(op[1], d)
                     pid = d.seq % 65535 + 1
                     self.inflight[op[1]].append((pid, d, "publish"))
                     store.put_inflight(op[1], pid, d, "publish")
@@ -193,20 +198,24 @@ class Model:
                 pid, d, _ = window[i]
                 if kind == "ack":
                     del window[i]
-                    store.delete_delivery(op[1], d)
+                    (store.release_delivery if op[3] else store.delete_delivery)(op[1], d)
                 else:
                     window[i] = (pid, d, "pubrel")
                     store.put_inflight(op[1], pid, d, "pubrel")
         elif kind == "drop":
             queue = self.queue[op[1]]
             if queue:
-                store.delete_delivery(op[1], queue.pop(op[2] % len(queue)))
+                (store.release_delivery if op[3] else store.delete_delivery)(op[1], queue.pop(op[2] % len(queue)))
         elif kind == "end":
             store.delete_session(op[1])
             store.put_session(op[1], 60, 5, None, 1)
             self.queue[op[1]], self.inflight[op[1]] = [], []
         elif kind == "commit":
             commit(self.store)
+        elif kind == "tick":
+            batch, epoch = store.take_batch(hold=1)
+            store.write_batch(batch, sync=True)
+            store.mark_durable(epoch)
 
     def restart(self, store: SessionStore) -> None:
         """Continue on a restarted store with the deliveries it gave back."""
@@ -243,3 +252,38 @@ def test_what_comes_back_after_a_restart_is_what_was_committed(steps):
     got = {cid: ([(pid, d.seq, st) for pid, d, st in sorted(s.inflight, key=lambda e: e[1].seq)],
                  [d.seq for d in s.queue]) for cid, s in state.sessions.items()}
     assert got == model.expected() and state.skipped == 0
+
+
+def test_a_released_delivery_leaves_the_store_at_once():
+    """`release_delivery` (acknowledged, dropped, expired): a delivery never written
+    leaves no trace and no reference in the store; one written gets a tombstone."""
+    store = MemoryStore()
+    store.put_session("c", 60, 5, None, 1)
+    kept, gone = delivery(1), delivery(2)
+    store.put_queued("c", kept)
+    commit(store)
+    store.put_inflight("c", 4, kept, "publish")
+    store.put_queued("c", gone)
+    store.release_delivery("c", gone)
+    store.release_delivery("c", kept)
+    assert all(not w.deliveries for w in (*store._held, store._open))
+    batch, _ = store.take_batch()
+    assert (batch.puts, batch.deletes) == ([], [("c", 1)])
+    store.write_batch(batch, sync=True)
+    assert stream(store) == ([], [])
+
+
+def test_deleting_a_session_drops_its_pending_tombstones():
+    """A tombstone of an ended session must not delete a record of the session that
+    replaces it (same client id, sequence numbers from 1 again)."""
+    store = MemoryStore()
+    store.put_session("c", 60, 5, None, 1)
+    old = delivery(1)
+    store.put_queued("c", old)
+    commit(store)
+    store.release_delivery("c", old)  # tombstone pending
+    store.delete_session("c")
+    store.put_session("c", 60, 5, None, 1)
+    store.put_queued("c", delivery(1))
+    commit(store)
+    assert stream(store) == ([], [1])
