@@ -11,7 +11,7 @@ import time
 
 from mesh.mqtt import EMPTY_PROPERTIES, Properties, Puback, Subscribe, Subscription
 from session_store.model import Delivery, Message
-from session_store.store import MemoryStore
+from session_store.store import EARLY_WRITE_BUDGET, MemoryStore
 from tests.mesh.test_broker_raw import Raw
 from tests.support import Client, MeshdProcess
 
@@ -47,7 +47,7 @@ def test_a_change_is_written_at_the_second_tick_and_not_before():
 def test_long_lived_deliveries_are_written_once_per_window():
     """Deliveries that outlive their deadline: a tick that writes them takes the newest
     window along (holding it back would cost one more synced write for records that
-    most likely outlive their deadline too), so there is one write per window."""
+    most likely outlive their deadline too), so there is one synced write per window."""
     store = MemoryStore()
     store.put_session("c", 60, 5, None, 1)
     tick(store, hold=0)
@@ -60,21 +60,28 @@ def test_long_lived_deliveries_are_written_once_per_window():
     assert not store.has_pending()
 
 
-def test_a_mostly_acknowledged_window_holds_the_newest_back():
-    store = MemoryStore()
-    store.put_session("c", 60, 5, None, 1)
-    tick(store, hold=0)
-    first = [delivery(seq) for seq in range(1, 5)]
-    for d in first:
-        store.put_queued("c", d)
-    tick(store)  # held
-    for d in first[:3]:
-        store.release_delivery("c", d)  # acknowledged before the deadline
-    store.put_queued("c", delivery(5))
-    puts, _, _ = tick(store)
-    assert puts == [(4, 0)]  # 1 of 4 outlived its deadline: 5 waits for its own
-    puts, _, _ = tick(store)
-    assert puts == [(5, 0)] and not store.has_pending()
+def test_a_mostly_acknowledged_window_holds_a_big_newest_one_back():
+    """3 of 4 deliveries due were acknowledged before their deadline: a newest window
+    of 2 x EARLY_WRITE_BUDGET deliveries waits for its own deadline (writing it now
+    would most likely write 1.5 x the budget in records that need none); a small one
+    goes along with the write that is due."""
+    for young, along in ((2 * EARLY_WRITE_BUDGET, False), (10, True)):
+        store = MemoryStore()
+        store.put_session("c", 60, 5, None, 1)
+        tick(store, hold=0)
+        first = [delivery(seq) for seq in range(1, 5)]
+        for d in first:
+            store.put_queued("c", d)
+        tick(store)  # held
+        for d in first[:3]:
+            store.release_delivery("c", d)  # acknowledged before the deadline
+        for seq in range(5, 5 + young):
+            store.put_queued("c", delivery(seq))
+        puts, _, _ = tick(store)
+        assert [s for s, _ in puts] == [4] + (list(range(5, 5 + young)) if along else [])
+        puts, _, _ = tick(store)
+        assert [s for s, _ in puts] == ([] if along else list(range(5, 5 + young)))
+        assert not store.has_pending()
 
 
 def test_acknowledged_before_its_deadline_is_never_written():
