@@ -49,8 +49,11 @@ When a change reaches the disk (`mesh.node` drives this):
   the next write and at the latest at the second tick after them, also within W.
   **Loss bound**: a `kill -9` or a crash of the machine loses at most the changes of
   the last W milliseconds (in `off`, a crash of the machine also what the OS had not
-  flushed).  Under a standing load there is one synced write per W/2, as many as one
-  commit per window of W/2 would make, but only of what outlived its deadline.
+  flushed).  A tick at which a write is due also writes the newest window when
+  waiting would likely spare fewer record writes than another synced commit costs
+  (`EARLY_WRITE_BUDGET`; writing early never weakens the bound): so a standing backlog
+  gets one synced write per W, as one commit per window did, while the deliveries of
+  a subscriber that acknowledges within W/2 are never written.
 
 Values are versioned (`session_store.records`):
 binary format 2 for deliveries, CBOR format 1 for everything else; format-1
