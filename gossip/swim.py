@@ -90,6 +90,9 @@ class Member:
     incarnation: int
     state_change: float  # monotonic `now` of the last state change
     state_change_us: int  # the same instant on the trace clock
+    # when we last saw it come back from dead (trace clock): what it said before
+    # then, it said from across a split
+    back_us: int = 0
 
 
 @dataclass(slots=True)
@@ -141,6 +144,7 @@ class Stats:
     sweeps: int = 0
     sweep_probes: int = 0
     fallback_acks: int = 0
+    stale_verdicts: int = 0  # dead verdicts made across a split, taken as suspicions
     by_type: dict[str, int] = field(default_factory=dict)
 
 
@@ -431,7 +435,21 @@ class Swim:
 
     def _on_dead(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         _, node, inc, by, ots, hops = msg
-        self._dead(str(node), int(inc), str(by), int(ots), int(hops) + 1, now)
+        node, inc, by, ots, hops = str(node), int(inc), str(by), int(ots), int(hops) + 1
+        if by not in (node, self.id) and node != self.id:
+            judge = self.members.get(by)
+            if judge is None or judge.state in (DEAD, LEFT) or judge.back_us > ots:
+                # a verdict made across a split (by a member we hold dead, or before we
+                # saw it come back) or by a member we do not know: after a heal the far side's
+                # stale verdicts about members we reach would evict them before they
+                # could refute, so, as in a push-pull from such a sender, it is only
+                # grounds for a suspicion the accused can refute
+                m = self.members.get(node)
+                if m is not None and m.state == ALIVE:
+                    self.stats.stale_verdicts += 1
+                    self._suspect(node, inc, by, ots, hops, now)
+                    return
+        self._dead(node, inc, by, ots, hops, now)
 
     def _on_user(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         _, kind, key, origin, ots, seq, payload, hops = msg
@@ -491,7 +509,9 @@ class Swim:
             if self.leaving:
                 return
             ts = self._ts(now)
-            m = Member(node, addr, ALIVE, inc, now, ts)
+            # new to us (or back after we forgot it): what it said before now, it
+            # said where we could not hear it
+            m = Member(node, addr, ALIVE, inc, now, ts, ts)
             self.members[node] = m
             self._add_other(node)
             self._queue_alive(node, inc, addr, origin, ots, hops)
@@ -511,6 +531,7 @@ class Swim:
             m.state_change_us = ts = self._ts(now)
             self._events.append(MemberChanged(ts, node, addr, ALIVE, inc, origin, ots, _eid(origin, ALIVE, node, inc, ots), hops))
             if old == DEAD:
+                m.back_us = ts
                 self._start_heal_burst(now)  # a lost member is back: the rest may be too
 
     def _suspect(self, node: str, inc: int, by: str, ots: int, hops: int, now: float, *, credit: bool = False) -> None:

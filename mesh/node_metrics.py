@@ -67,6 +67,9 @@ def node_metrics(node: "Node") -> Metrics:
                        lambda: node.gossip.stats.get("malformed", 0))
     m.counter_callback("meshd_gossip_sweeps_total", "probe sweeps started (three or more members suspect at once)",
                        lambda: node.gossip.stats.get("sweeps", 0))
+    m.counter_callback("meshd_gossip_stale_verdicts_total",
+                       "dead verdicts made across a split (or by a member not known then), taken as suspicions",
+                       lambda: node.gossip.stats.get("stale_verdicts", 0))
     handoffs = cluster.handoffs
     ho = handoffs.stats
     m.counter_callback(

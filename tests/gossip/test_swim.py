@@ -260,6 +260,39 @@ def test_push_pull_credits_a_senders_suspicion_but_not_its_dead() -> None:
     assert merged(DEAD) == pytest.approx(10.0 + lo)
 
 
+def test_a_dead_verdict_made_across_a_split_is_only_a_suspicion() -> None:
+    sw = lone()
+    feed(sw, dead("c", 0, by="d"), now=5.0, sender="d")  # d's verdict: d was with us all along
+    assert sw.members["c"].state == DEAD
+    # the link returns; c's verdict about b (made while cut off) arrives before c's own news
+    feed(sw, ["dead", "b", 0, "c", us(7.0), 0], now=9.9, sender="d")
+    assert sw.members["b"].state == SUSPECT and sw.stats.stale_verdicts == 1
+    feed(sw, alive("b", 1), now=9.95, sender="b")  # b refutes
+    feed(sw, alive("c", 1), now=10.0)  # c is back
+    # c declared b dead at 8.0, while it was cut off from us: b may well be alive here
+    feed(sw, ["dead", "b", 1, "c", us(8.0), 0], now=10.1, sender="c")
+    assert sw.members["b"].state == SUSPECT and sw.stats.stale_verdicts == 2
+    # what c decides after it came back counts as usual
+    feed(sw, ["dead", "d", 0, "c", us(10.5), 0], now=10.6, sender="c")
+    assert sw.members["d"].state == DEAD and sw.stats.stale_verdicts == 2
+    # an accused that refutes in time stays alive
+    feed(sw, alive("b", 2), now=11.0, sender="b")
+    sw.handle_timer(40.0)
+    assert sw.members["b"].state == ALIVE
+
+
+def test_a_dead_verdict_by_a_member_we_do_not_know_or_just_met_is_only_a_suspicion() -> None:
+    sw = lone()
+    feed(sw, ["dead", "b", 0, "zz", us(0.05), 0], now=0.1, sender="zz")
+    assert sw.members["b"].state == SUSPECT
+    feed(sw, alive("e", 0), now=2.0)  # e is new to us: its older verdicts were made out of our sight
+    feed(sw, ["dead", "d", 0, "e", us(1.5), 0], now=2.1, sender="e")
+    assert sw.members["d"].state == SUSPECT and sw.stats.stale_verdicts == 2
+    # a graceful leave is the member's own word, wherever it comes from
+    feed(sw, ["dead", "c", 0, "c", us(0.05), 0], now=2.2, sender="zz")
+    assert sw.members["c"].state == LEFT
+
+
 # ---------------------------------------------------------------- dissemination
 
 def test_broadcast_retransmit_limit_then_dropped() -> None:

@@ -114,6 +114,7 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
         _, text = _metrics(http)
         assert "meshd_partitions 1" in text and "meshd_partitions_detected_total 1" in text
         assert "meshd_unreachable_members 1" in text and "meshd_gossip_sweeps_total 0" in text
+        assert "meshd_gossip_stale_verdicts_total 0" in text
         # of {ghost, solo} each holds half: the side with the smallest id ("ghost") has it
         assert request_json(http, "GET", "/api/v1/cluster")[1]["minority"] is True
 
