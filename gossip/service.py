@@ -136,6 +136,13 @@ class GossipService:
         member = self.swim.members.get(member_id)
         return tuple(member.addr) if member is not None else None  # type: ignore[return-value]
 
+    def member_state(self, member_id: str) -> str | None:
+        """This node's view of a member: alive, suspect, dead or left (None: unknown)."""
+        if self.swim is None:
+            return None
+        member = self.swim.members.get(member_id)
+        return member.state if member is not None else None
+
     def alive_members(self) -> list[str]:
         """Ids of the other members currently alive or suspect (reachable as far as we know)."""
         return [m["id"] for m in self.members() if m["id"] != self.node_id and m["state"] in ("alive", "suspect")]

@@ -55,6 +55,9 @@ def node_metrics(node: "Node") -> Metrics:
     m.counter_callback("meshd_partitions_healed_total", "partitions healed", lambda: partitions.healed_total)
     m.gauge_callback("meshd_routes", "cluster route entries (filter, node) held, this node's included", lambda: cluster.table.route_count())
     m.gauge_callback("meshd_routes_local", "route entries this node owns", lambda: len(cluster.table.local_filters()))
+    m.counter_callback("meshd_routes_of_gone_members_ignored_total",
+                       "route snapshots, deltas and digest entries of members held dead or left, not taken from peers",
+                       lambda: cluster.routes_of_gone_ignored)
     m.counter_callback("meshd_forwarded_out_total", "messages forwarded to other nodes", lambda: cluster.forwarded_out)
     m.counter_callback("meshd_forwarded_in_total", "messages received from other nodes", lambda: cluster.forwarded_in)
     m.counter_callback(

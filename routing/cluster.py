@@ -76,6 +76,7 @@ class Cluster:
         # Per peer, identities of the QoS >= 1 messages it forwarded lately (oldest first).
         self._recent: dict[str, dict[tuple[str | None, int], None]] = {}
         self.malformed_items = 0
+        self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
         self._shared_next: dict[tuple[str, str], int] = {}
         self._link_serial = 0
         gossip.on_broadcast("route", self._on_route_broadcast)
@@ -129,8 +130,18 @@ class Cluster:
     def take_route_snapshot(self, wire: object) -> None:
         """A peer's routes handed over directly (a handoff fence), ahead of gossip."""
         snap = RouteSnapshot.from_wire(wire)
-        if snap.origin != self.node_id:
+        if snap.origin != self.node_id and not self._gone(snap.origin):
             self.table.apply_snapshot(snap)
+
+    def _gone(self, origin: str) -> bool:
+        """Routes of a member we hold dead (or that left) are not taken from others:
+        a peer that has not seen it die yet would hand them back (in a snapshot, a
+        delta or a digest to pull for), and forwards to them would wait on a link
+        that cannot deliver.  When the member is back, its own routes are pulled."""
+        if self.gossip.member_state(origin) in ("dead", "left"):
+            self.routes_of_gone_ignored += 1
+            return True
+        return False
 
     def _disseminate(self, delta: RouteDelta) -> None:
         ts = _now_us()
@@ -151,6 +162,8 @@ class Cluster:
         except (TypeError, ValueError) as exc:
             self.malformed_items += 1
             log.warning("dropping a malformed route delta from %s: %s", origin, exc)
+            return
+        if self._gone(delta.origin):
             return
         changes = self.table.apply_delta(delta)
         ts = _now_us()
@@ -288,7 +301,8 @@ class Cluster:
             self.malformed_items += 1
             return
         mine = self.table.digest()
-        behind = any(o != self.node_id and (d[0], d[1]) > mine.get(o, (-1, -1, 0))[:2] for o, d in digest.items())
+        behind = any(o != self.node_id and (d[0], d[1]) > mine.get(o, (-1, -1, 0))[:2] and not self._gone(o)
+                     for o, d in digest.items())
         if behind:
             self._pull_routes(peer)
 
@@ -305,7 +319,8 @@ class Cluster:
             except (TypeError, ValueError):
                 self.malformed_items += 1
                 continue
-            self.table.apply_snapshot(snap)
+            if not self._gone(snap.origin):
+                self.table.apply_snapshot(snap)
 
     def _pull_retained(self, peer: str) -> None:
         if self._nursery is None:
