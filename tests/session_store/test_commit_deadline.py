@@ -84,13 +84,19 @@ def test_a_mostly_acknowledged_window_holds_a_big_newest_one_back():
         assert not store.has_pending()
 
 
-def test_acknowledged_before_its_deadline_is_never_written():
+def one_held_delivery() -> tuple[MemoryStore, Delivery]:
+    """A session whose delivery 1 was queued in the window that just closed: held, not due."""
     store = MemoryStore()
     store.put_session("c", 60, 5, None, 1)
     tick(store, hold=0)
     d = delivery(1)
     store.put_queued("c", d)
-    tick(store)  # held
+    tick(store)
+    return store, d
+
+
+def test_acknowledged_before_its_deadline_is_never_written():
+    store, d = one_held_delivery()
     store.delete_delivery("c", d)  # leaves the queue...
     store.put_inflight("c", 3, d, "publish")
     store.delete_delivery("c", d)  # ...and is acknowledged before its deadline
@@ -105,12 +111,7 @@ def test_acknowledged_before_its_deadline_is_never_written():
 def test_a_later_change_keeps_the_first_changes_deadline():
     """Queued in one window, sent in the next: written at the first one's deadline, with
     its state at that tick."""
-    store = MemoryStore()
-    store.put_session("c", 60, 5, None, 1)
-    tick(store, hold=0)
-    d = delivery(1)
-    store.put_queued("c", d)
-    tick(store)  # held
+    store, d = one_held_delivery()
     store.put_inflight("c", 7, d, "publish")
     puts, _, _ = tick(store)
     assert puts == [(1, 1 | 7 << 2)]
