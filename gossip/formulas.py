@@ -20,10 +20,7 @@ def suspicion_age_cap(credit_mult: float, n: int, interval: float) -> float:
     """Most of a suspicion's age (seconds) a member may credit when it hears of it:
     credit_mult * max(1, log10 n) * interval, the time gossip takes to reach everyone
     (what the log factor of `suspicion_timeout` budgets)."""
-    if credit_mult <= 0:
-        return 0.0
-    node_scale = max(1.0, math.log10(max(1.0, float(n))))
-    return credit_mult * math.floor(node_scale * 1000) * interval / 1000
+    return credit_mult * suspicion_timeout(1, n, interval) if credit_mult > 0 else 0.0
 
 
 def suspicion_bounds(suspicion_mult: int, max_mult: int, n: int, interval: float) -> tuple[float, float]:

@@ -436,20 +436,24 @@ class Swim:
     def _on_dead(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         _, node, inc, by, ots, hops = msg
         node, inc, by, ots, hops = str(node), int(inc), str(by), int(ots), int(hops) + 1
-        if by not in (node, self.id) and node != self.id:
-            judge = self.members.get(by)
-            if judge is None or judge.state in (DEAD, LEFT) or judge.back_us > ots:
-                # a verdict made across a split (by a member we hold dead, or before we
-                # saw it come back) or by a member we do not know: after a heal the far side's
-                # stale verdicts about members we reach would evict them before they
-                # could refute, so, as in a push-pull from such a sender, it is only
-                # grounds for a suspicion the accused can refute
-                m = self.members.get(node)
-                if m is not None and m.state == ALIVE:
-                    self.stats.stale_verdicts += 1
-                    self._suspect(node, inc, by, ots, hops, now)
-                    return
+        m = self.members.get(node)
+        if node != self.id and m is not None and m.state == ALIVE and self._out_of_sight(by, node, ots):
+            # after a heal the far side's stale verdicts about members we reach would
+            # evict them before they could refute: as in a push-pull from such a
+            # sender, it is only grounds for a suspicion the accused can refute
+            self.stats.stale_verdicts += 1
+            self._suspect(node, inc, by, ots, hops, now)
+            return
         self._dead(node, inc, by, ots, hops, now)
+
+    def _out_of_sight(self, by: str, node: str, ots: int) -> bool:
+        """Was `by`'s verdict about `node` (made at `ots`) made where we could not hear
+        it: by a member we hold dead, before we saw it come back, or by one we did not
+        know?  A member's own leave and our own verdicts never are."""
+        if by in (node, self.id):
+            return False
+        judge = self.members.get(by)
+        return judge is None or judge.state in (DEAD, LEFT) or judge.back_us > ots
 
     def _on_user(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
         _, kind, key, origin, ots, seq, payload, hops = msg

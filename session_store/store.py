@@ -318,23 +318,22 @@ class SessionStore(ABC):
                     put_states.append(state)
         return len(window.deliveries) + window.released
 
-    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
+    def _other_changes(self) -> PendingBatch:
+        """The batch of changes other than deliveries; notes the write epoch before the
+        first of them (what `take_batch` may report durable while they wait)."""
         batch = self._batch
         if not batch.ops and not batch.prefix_deletes:
             self._batch_epoch = self.write_epoch
-        batch.put(cf, key, encoder, *args)
+        return batch
+
+    def _put(self, cf: str, key: bytes, encoder: Callable[..., bytes], *args: Any) -> None:
+        self._other_changes().put(cf, key, encoder, *args)
 
     def _delete(self, cf: str, key: bytes) -> None:
-        batch = self._batch
-        if not batch.ops and not batch.prefix_deletes:
-            self._batch_epoch = self.write_epoch
-        batch.delete(cf, key)
+        self._other_changes().delete(cf, key)
 
     def _delete_prefix(self, cf: str, prefix: bytes) -> None:
-        batch = self._batch
-        if not batch.ops and not batch.prefix_deletes:
-            self._batch_epoch = self.write_epoch
-        batch.delete_prefix(cf, prefix)
+        self._other_changes().delete_prefix(cf, prefix)
 
     def _changed(self) -> None:
         if self.write_epoch == self.durable_epoch:
