@@ -65,7 +65,7 @@ class Cluster:
         self.epoch = epoch
         self.table = RouteTable(node_id, epoch)
         self.links: dict[str, OutboundLink] = {}
-        self.inbound = InboundLinks(cluster_name, gossip, node_id, self._take_batch, self.wait_durable, self._answer)
+        self.inbound = InboundLinks(cluster_name, gossip, node_id, self._take_batch, self._forward_taken, self._answer)
         self._pending_routes: list[tuple[str, bool]] = []
         self._route_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -496,6 +496,16 @@ class Cluster:
                     del recent[next(iter(recent))]
             self.forwarded_in += 1
             self.broker.publish_remote(msg, now, plain=bool(plain), groups=groups, keep_retained=bool(keep_retained))
+
+    async def _forward_taken(self) -> None:
+        """When a forwarded batch may be acknowledged to its origin (whose publishers'
+        PUBACKs wait for it): by the same rule as a local PUBACK.  In `sync` once what
+        the batch wrote is synced; in `batch`/`off` at once, since the store's window
+        already bounds what a crash here can lose (waiting for it would make every
+        cross-node QoS 1/2 publish wait up to `durability_batch_ms`, which a local
+        one never does)."""
+        if self.broker.acks_wait_for_sync:
+            await self.wait_durable()
 
     async def wait_durable(self) -> None:
         store = self.broker.store

@@ -221,13 +221,13 @@ class InboundLinks:
 
     def __init__(self, cluster_name: str, gossip: "GossipService", node_id: str,
                  handle_batch: Callable[[str, list[list]], Any],
-                 wait_durable: Callable[[], Any],
+                 batch_taken: Callable[[], Any],
                  handle_request: Callable[[str, dict[str, Any]], Any]) -> None:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self.node_id = node_id
         self.handle_batch = handle_batch
-        self.wait_durable = wait_durable
+        self.batch_taken = batch_taken  # waits until a taken batch may be acknowledged
         self.handle_request = handle_request
         # Highest batch taken per (peer, peer epoch): resends after a reconnect are
         # acknowledged without being delivered again.
@@ -243,7 +243,8 @@ class InboundLinks:
         try:
             async with trio.open_nursery() as nursery:
                 # Batches are taken as they come; each is acknowledged, in order, once
-                # what it wrote is durable here (so reading never waits for a sync).
+                # `batch_taken` allows (in sync durability: what it wrote is synced here),
+                # so reading never waits for a sync.
                 acks_in, acks_out = trio.open_memory_channel[int](math.inf)
                 nursery.start_soon(self._acknowledge, link, acks_out)
                 try:
@@ -258,7 +259,7 @@ class InboundLinks:
 
     async def _acknowledge(self, link: FramedStream, acks: trio.MemoryReceiveChannel[int]) -> None:
         async for seq in acks:
-            await self.wait_durable()
+            await self.batch_taken()
             await link.send("fwd_ack", s=seq)
 
     async def _read_frames(self, link: FramedStream, peer: str, acks: trio.MemorySendChannel[int]) -> None:
