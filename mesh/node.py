@@ -393,6 +393,7 @@ class Node:
         batch, epoch = store.take_batch(hold)
         if len(batch):
             await _in_worker_thread(functools.partial(store.write_batch, batch, sync=self.settings.durability != "off"))
+            store.stats.count(batch)
         if epoch > store.durable_epoch:
             store.mark_durable(epoch)
             self.broker.on_durable()

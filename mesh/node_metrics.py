@@ -42,6 +42,15 @@ def node_metrics(node: "Node") -> Metrics:
     )
     m.counter_callback("meshd_protocol_errors_total", "connections closed for breaking the protocol", lambda: stats.protocol_errors)
     m.gauge_callback("meshd_uptime_seconds", "seconds since the node started", node.uptime)
+    store = node.store.stats
+    m.counter_callback("meshd_store_commits_total", "session store write batches committed (synced unless durability is off)",
+                       lambda: store.commits)
+    m.counter_callback(
+        "meshd_store_records_written_total",
+        "session store records written, by kind (delivery_put: a queued or inflight message; a delivery acknowledged before its deadline is never written)",
+        lambda: {"delivery_put": store.delivery_puts, "delivery_delete": store.delivery_deletes, "other": store.other_records},
+        ("kind",),
+    )
     cluster = node.cluster
     m.gauge_callback(
         "meshd_members", "cluster members by state, as this node sees them",

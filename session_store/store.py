@@ -112,6 +112,23 @@ class StoredSession:
 
 
 @dataclass
+class StoreStats:
+    """What the committer wrote (metrics): a delivery record acknowledged before its
+    deadline never shows up here."""
+
+    commits: int = 0  # write batches (in sync and batch durability each one synced)
+    delivery_puts: int = 0  # delivery records written (queued or inflight)
+    delivery_deletes: int = 0  # delivery records deleted
+    other_records: int = 0  # sessions, subscriptions, wills, QoS 2 ids, retained, meta; whole-session deletes
+
+    def count(self, batch: "PendingBatch") -> None:
+        self.commits += 1
+        self.delivery_puts += len(batch.put_deliveries)
+        self.delivery_deletes += len(batch.delete_seqs)
+        self.other_records += len(batch.ops) + len(batch.prefix_deletes)
+
+
+@dataclass
 class RecoveredState:
     sessions: dict[str, StoredSession] = field(default_factory=dict)
     retained: list[Message] = field(default_factory=list)
@@ -218,6 +235,7 @@ class SessionStore(ABC):
         self.write_epoch = 0  # bumped by every recorded change
         self.durable_epoch = 0  # every change up to this epoch is committed
         self.on_dirty: Callable[[], None] = lambda: None
+        self.stats = StoreStats()
         self._batch = PendingBatch()
         # Delivery changes not yet taken, by the window ("generation") of their first
         # such change: the open one (`_open`, generation `_gen`) and the closed ones not

@@ -171,6 +171,7 @@ def test_deliveries_acknowledged_before_their_deadline_are_never_written(node_fa
         time.sleep(0.05)
     with lock:
         written.clear()
+    puts_before = store.stats.delivery_puts
     acks: list[tuple[float, int]] = []
     got: list[bytes] = []
     next_pub, sent, end = time.monotonic(), 0, time.monotonic() + 1.6
@@ -193,6 +194,7 @@ def test_deliveries_acknowledged_before_their_deadline_are_never_written(node_fa
     assert not store.has_pending()
     with lock:
         assert sum(written) == 0, written
+    assert store.stats.delivery_puts == puts_before  # what meshd_store_records_written_total shows
     pub.disconnect()
 
 
