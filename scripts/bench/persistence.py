@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import socket
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -75,10 +77,14 @@ def run(workdir: Path, quick: bool, durability: str) -> dict[str, Any]:
         out["kill_grace_s"] = kill_grace_s()
     for persistent in (True, False):
         kind = "persistent" if persistent else "clean"
-        with _meshd(workdir / f"online-{kind}", flags) as b:
+        http_port = brokers.free_port()
+        with _meshd(workdir / f"online-{kind}", flags + ["--http", f"127.0.0.1:{http_port}"]) as b:
             r = loadgen.throughput(b.port, b.pid, publishers=PUBLISHERS, subscribers=1, qos=QOS,
                                    topics="per-publisher", duration=duration, window=500,
                                    persistent_subs=persistent, tag=f"o{kind[0]}")
+            puts = _delivery_records_written(http_port)
+            if puts is not None and r["delivered"]:
+                r["records_written_per_msg"] = puts / r["delivered"]
         out[f"online_{kind}"] = r
         out[f"online_{kind}_msgs_per_s"] = r["msgs_per_s"]
         out[f"online_{kind}_msgs_per_cpu_s"] = r["msgs_per_cpu_s"]
@@ -98,6 +104,14 @@ def run(workdir: Path, quick: bool, durability: str) -> dict[str, Any]:
     out["puback_missing"] = sum(out[k]["puback_missing"] for k in
                                 ("online_persistent", "online_clean", "offline_persistent", "offline_clean", "restart"))
     return out
+
+
+def _delivery_records_written(http_port: int) -> float | None:
+    """meshd's count of delivery records its store wrote (None before that metric existed)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    m = re.search(r'^meshd_store_records_written_total\{kind="delivery_put"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -104,6 +104,7 @@ PERSIST_METRICS = (
     Metric("online_persistent.cpu_us_per_msg", "online, persistent: broker CPU µs/msg", False, "{:.1f}"),
     Metric("online_clean.cpu_us_per_msg", "online, clean: broker CPU µs/msg", False, "{:.1f}"),
     Metric("online_cpu_ratio", "online persistent/clean (msg per broker CPU-s)", True, "{:.2f}"),
+    Metric("online_persistent.records_written_per_msg", "online, persistent: delivery records written per message", False, "{:.2f}"),
     Metric("online_persistent.broker_cpu_pct", "online, persistent: broker CPU %", False),
     Metric("online_clean.broker_cpu_pct", "online, clean: broker CPU %", False),
     Metric("offline_persistent_publish_per_s", "offline, persistent: publish msg/s (to last PUBACK)", True),
