@@ -370,7 +370,7 @@ class Settings:
     sys_interval: float = _setting(10.0, Float(0.0), "seconds between $SYS publishes; 0 disables $SYS")
     shutdown_timeout: float = _setting(5.0, Float(0.0), "seconds to drain connections on shutdown")
     durability: str = _setting("sync", Str(choices=("sync", "batch", "off"), metavar="MODE"), "session store writes: sync (fsync before ack), batch (group commit), off")
-    durability_batch_ms: int = _setting(10, Int(1, None, "ms"), "group commit interval in batch mode")
+    durability_batch_ms: int = _setting(50, Int(1, None, "ms"), "batch/off: every change is written within this many ms (the loss window of a crash)")
     # -- security and limits (README "Security") --
     allow_anonymous: bool = _setting(True, Bool(), "accept clients without credentials (a warning is logged when listening beyond loopback)")
     password_file: str | None = _setting(None, Str(optional=True, metavar="FILE"), "user:scrypt-hash lines (meshd passwd); re-read on SIGHUP and when it changes")

@@ -161,7 +161,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              _idle, IDLE_METRICS, headline="connects_per_s", tags=("connections",)),
     Scenario("persist-sync", "fan-in 10→1 QoS 1, persistent vs clean session, --durability sync",
              None, PERSIST_METRICS, headline="online_ratio", tags=("persistence",), own_brokers=_persist("sync")),
-    Scenario("persist-batch", "fan-in 10→1 QoS 1, persistent vs clean session, --durability batch (window: run.py --durability-batch-ms, default 10 ms)",
+    Scenario("persist-batch", "fan-in 10→1 QoS 1, persistent vs clean session, --durability batch (window: run.py --durability-batch-ms, default 50 ms as meshd's)",
              None, PERSIST_METRICS, headline="online_ratio", tags=("persistence",), own_brokers=_persist("batch")),
     Scenario("cross-qos0", "fan-in 10→1 QoS 0, publishers on node A, subscriber on node B, vs one node",
              None, CROSS_METRICS, headline="ratio", tags=("cluster",), own_brokers=_cross(0)),

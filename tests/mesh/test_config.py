@@ -45,7 +45,7 @@ def test_defaults_match_the_table() -> None:
     assert (s.max_keepalive, s.max_packet_size, s.receive_maximum, s.max_inflight) == (65535, 1048576, 1024, 32)
     assert (s.max_queued_messages, s.topic_alias_maximum) == (1000, 64)
     assert (s.connect_timeout, s.sys_interval, s.shutdown_timeout) == (10.0, 10.0, 5.0)
-    assert (s.durability, s.durability_batch_ms) == ("sync", 10)
+    assert (s.durability, s.durability_batch_ms) == ("sync", 50)
     # One table row per dataclass field.
     assert [x.name for x in SETTINGS] == [f.name for f in dataclasses.fields(Settings)]
 
