@@ -113,8 +113,8 @@ class StoredSession:
 
 @dataclass
 class StoreStats:
-    """What the committer wrote (metrics): a delivery record acknowledged before its
-    deadline never shows up here."""
+    """What the committer wrote (metrics): a delivery acknowledged before its deadline
+    never shows up here."""
 
     commits: int = 0  # write batches (in sync and batch durability each one synced)
     delivery_puts: int = 0  # delivery records written (queued or inflight)

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import re
+import urllib.request
 
 from mesh.http_client import request_json
 from tests.support import Client
+
+
+def metrics_text(node) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{node.ports['http']}/metrics", timeout=5).read().decode()
+
+
+def samples_of(text: str) -> dict[str, str]:
+    """Prometheus text: sample name (with its labels) -> value."""
+    return dict(re.findall(r"^(meshd_[^\s]+) (\S+)$", text, re.M))
 
 
 def test_status(node):
@@ -30,10 +40,8 @@ def test_metrics_count_traffic(node):
     for _ in range(3):
         pub.publish("m", b"x", qos=1)
     sub.expect(3)
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{node.ports['http']}/metrics", timeout=5).read().decode()
-    samples = dict(re.findall(r"^(meshd_[^\s]+) (\S+)$", text, re.M))
+    text = metrics_text(node)
+    samples = samples_of(text)
     assert samples['meshd_messages_received_total{qos="1"}'] == "3"
     assert samples['meshd_messages_sent_total{qos="1"}'] == "3"
     assert samples["meshd_connections"] == "2"
@@ -44,12 +52,11 @@ def test_metrics_count_traffic(node):
 def test_metrics_count_store_writes(node):
     """Messages queued for an offline persistent session are written (synced before the
     PUBACK in sync durability); the store's counters say so."""
-    import urllib.request
 
     def store_samples() -> dict[str, float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{node.ports['http']}/metrics", timeout=5).read().decode()
+        text = metrics_text(node)
         assert "# TYPE meshd_store_records_written_total counter" in text
-        return {k: float(v) for k, v in re.findall(r"^(meshd_store_[^\s]+) (\S+)$", text, re.M)}
+        return {k: float(v) for k, v in samples_of(text).items()}
 
     sub = Client("away", version=5, clean=False)
     sub.connect(node.mqtt_port, expiry=600)
