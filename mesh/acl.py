@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from mesh.auth import file_signature
-from mesh.mqtt.errors import TopicFilterInvalid
-from mesh.mqtt.topics import parse_shared_subscription, topic_matches, validate_topic_filter
+from mqtt.errors import TopicFilterInvalid
+from mqtt.topics import parse_shared_subscription, topic_matches, validate_topic_filter
 
 __all__ = [
     "Acl",

@@ -22,7 +22,7 @@ from mesh import __version__
 from mesh.config import ConfigError
 from mesh.http_api import Request, Response, Router, error_response, json_response
 from mesh.metrics import CONTENT_TYPE
-from mesh.mqtt import ReasonCode
+from mqtt import ReasonCode
 from mesh.node_metrics import node_metrics
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from mesh.limits import PerKeyRateLimiter, rate_limit_key_for_ip
-from mesh.mqtt.reason_codes import ReasonCode, connack_v3_return_code
+from mqtt.reason_codes import ReasonCode, connack_v3_return_code
 
 __all__ = [
     "hash_password",

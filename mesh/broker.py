@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from mesh.mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription
-from mesh.mqtt.topics import parse_shared_subscription
+from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription
+from mqtt.topics import parse_shared_subscription
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
 from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions

@@ -37,8 +37,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         extras=("pyspark", "matplotlib", "pyarrow"),
         install_hint="pip install -e '.[spark]'",
     ),
-    "simulate": Subcommand("gossip.cli", "simulate_main", "run a simulated cluster in virtual time"),
-    "members": Subcommand("gossip.cli", "members_main", "list the members a running node sees"),
+    "simulate": Subcommand("simulation.cli", "simulate_main", "run a simulated cluster in virtual time"),
+    "members": Subcommand("mesh.members", "members_main", "list the members a running node sees"),
     "ctl": Subcommand("mesh.ctl", "main", "inspect and configure a running node over its HTTP API"),
     "passwd": Subcommand("mesh.passwd", "main", "manage the client password file"),
 }

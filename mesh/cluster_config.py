@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from mesh.config import SETTINGS_BY_NAME, ConfigError
-from mesh.hlc import HlcTimestamp, HybridLogicalClock
+from clock.hlc import HlcTimestamp, HybridLogicalClock
 
 # Settings an operator may change cluster-wide at run time.
 CLUSTER_KEYS: tuple[str, ...] = (

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from mesh.mqtt import (
+from mqtt import (
     EMPTY_PROPERTIES,
     Auth,
     Connack,
@@ -62,7 +62,7 @@ from mesh.mqtt import (
     encode,
     patch_publish,
 )
-from mesh.mqtt.encoder import encode_plain_publish
+from mqtt.encoder import encode_plain_publish
 from mesh.acl import ClientAcl
 from mesh.limits import TokenBucket
 from mesh.parking import ParkingLot

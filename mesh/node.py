@@ -35,7 +35,7 @@ from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
 from mesh.connection import ClientConnection, SocketByteStream
 from mesh.parking import ParkingLot
-from mesh.mqtt import ReasonCode
+from mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
 from mesh.ws import WebSocketByteStream, accept_mqtt
 from gossip.service import GossipService

@@ -56,7 +56,7 @@ def partitions_value(snapshot: dict) -> dict:
 
 
 def publish_sys(broker: "Broker", uptime_s: float, now: float) -> None:
-    from mesh.mqtt import EMPTY_PROPERTIES
+    from mqtt import EMPTY_PROPERTIES
 
     for topic, value in sys_values(broker, uptime_s):
         broker.publish(broker.make_message(topic, value.encode(), 0, True, EMPTY_PROPERTIES, None, now), now, internal=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gossip import wire  # noqa: E402
-from mesh.mqtt import (  # noqa: E402
+from mqtt import (  # noqa: E402
     Connack, Connect, Decoder, Disconnect, MQTTError, Properties, Puback, Publish, Suback, Subscribe,
     Subscription, Unsubscribe, Will, encode,
 )

@@ -24,7 +24,7 @@ from session_store.handoff import (
     Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Takeover,
     delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, stored_from_image,
 )
-from mesh.hlc import HlcTimestamp
+from clock.hlc import HlcTimestamp
 from session_store.ownership import Claim, OwnershipRegister
 
 if TYPE_CHECKING:

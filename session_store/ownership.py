@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from mesh.hlc import HlcTimestamp, HybridLogicalClock
+from clock.hlc import HlcTimestamp, HybridLogicalClock
 
 TOMBSTONE_TTL_MS = 10 * 60 * 1000
 

@@ -32,7 +32,7 @@ import struct
 
 import cbor2
 
-from mesh.mqtt import EMPTY_PROPERTIES, Properties, Will
+from mqtt import EMPTY_PROPERTIES, Properties, Will
 from session_store.model import Delivery, Message, SubscriptionOptions
 
 FORMAT_VERSION = 1  # CBOR map records

@@ -71,7 +71,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from mesh.mqtt import Will
+from mqtt import Will
 from session_store import records
 from session_store.model import Delivery, Message, SubscriptionOptions
 

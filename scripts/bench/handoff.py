@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mesh.http_client import request_json  # noqa: E402
-from mesh.mqtt import Connack, Connect, Decoder, Disconnect, Properties, Puback, Publish, Suback, Subscribe, Subscription, encode  # noqa: E402
+from mqtt import Connack, Connect, Decoder, Disconnect, Properties, Puback, Publish, Suback, Subscribe, Subscription, encode  # noqa: E402
 from route_convergence import start_cluster  # noqa: E402
 
 TOPIC = "handoff/bench"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(1, str(HERE.parents[1]))  # the repository, for mesh.mqtt
+sys.path.insert(1, str(HERE.parents[1]))  # the repository, for mqtt
 
 import brokers  # noqa: E402
 import persistence  # noqa: E402

@@ -20,7 +20,7 @@ import brokers  # noqa: E402
 import loadgen  # noqa: E402
 import table  # noqa: E402
 import wire  # noqa: E402
-from mesh.mqtt import Decoder, Puback, Publish, encode  # noqa: E402
+from mqtt import Decoder, Puback, Publish, encode  # noqa: E402
 
 PAYLOAD = bytes([0xA5]) * 64
 

@@ -1,6 +1,6 @@
 """Pre-encoded MQTT 3.1.1 packets and cheap frame parsing for the load generator.
 
-Packets are built once with the project's codec (`mesh.mqtt.encode`) and then copied
+Packets are built once with the project's codec (`mqtt.encode`) and then copied
 as bytes; the hot path never builds a packet object. Incoming data is parsed with byte
 slicing where every frame has the same length (the common case in a throughput run) and
 frame by frame otherwise, so the generator spends its CPU on the socket, not on Python.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from mesh.mqtt import Connect, Publish, Subscribe, Subscription, encode
+from mqtt import Connect, Publish, Subscribe, Subscription, encode
 
 LEVEL = 4  # MQTT 3.1.1: the one protocol level all three brokers speak
 PUBLISH_QOS0 = 0x30

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gossip.sim import SimParams, Simulation  # noqa: E402
+from simulation.membership import SimParams, Simulation  # noqa: E402
 
 SCENARIOS: dict[str, dict] = {
     "a": dict(nodes=1000, seconds=60, loss=0.05, broadcasts_per_s=2, crash=3, crash_at=10),

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mesh.connection import OUTBOX_LIMIT
-from mesh.mqtt import Connect, Subscribe, Subscription, encode
+from mqtt import Connect, Subscribe, Subscription, encode
 from tests.support import Client
 
 

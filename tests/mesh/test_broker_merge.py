@@ -4,7 +4,7 @@ merging the tail and merging another node's copy (sans-I/O, in-memory store)."""
 from __future__ import annotations
 
 from mesh.broker import Broker
-from mesh.mqtt import EMPTY_PROPERTIES
+from mqtt import EMPTY_PROPERTIES
 from session_store.model import Delivery, Message, SubscriptionOptions
 from session_store.store import StoredSession
 
@@ -63,7 +63,7 @@ def test_merge_tail_orders_by_sequence_and_drops_direct_copies():
 
 
 def test_a_clean_session_taken_over_elsewhere_ends_here():
-    from mesh.mqtt import Connect, Subscription
+    from mqtt import Connect, Subscription
 
     class Conn:
         protocol_level = 5

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mesh.mqtt import (
+from mqtt import (
     Connect,
     Decoder,
     Disconnect,

@@ -124,8 +124,8 @@ def test_run_help_is_node_help(capsys) -> None:
     "sub,module,function",
     [
         ("report", "spark_analysis.cli", "main"),
-        ("simulate", "gossip.cli", "simulate_main"),
-        ("members", "gossip.cli", "members_main"),
+        ("simulate", "simulation.cli", "simulate_main"),
+        ("members", "mesh.members", "members_main"),
         ("ctl", "mesh.ctl", "main"),
         ("passwd", "mesh.passwd", "main"),
     ],
@@ -150,9 +150,9 @@ def test_missing_subcommand_module(monkeypatch, capsys) -> None:
 
 
 def test_missing_function(monkeypatch, capsys) -> None:
-    fake_module(monkeypatch, "gossip.cli")
+    fake_module(monkeypatch, "simulation.cli")
     assert main(["simulate"]) == 2
-    assert "gossip.cli.simulate_main" in capsys.readouterr().err
+    assert "simulation.cli.simulate_main" in capsys.readouterr().err
 
 
 def test_report_without_pyspark_says_how_to_install(monkeypatch, capsys) -> None:

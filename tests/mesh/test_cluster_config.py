@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from mesh.cluster_config import ClusterConfig, Register
 from mesh.config import ConfigError
-from mesh.hlc import HlcTimestamp, HybridLogicalClock
+from clock.hlc import HlcTimestamp, HybridLogicalClock
 
 
 def test_hlc_never_goes_backwards_and_follows_remote():

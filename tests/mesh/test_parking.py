@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 import mesh.connection
-from mesh.mqtt import Connect, Disconnect, Pingreq, Pingresp, Publish, Subscribe, Subscription, encode
+from mqtt import Connect, Disconnect, Pingreq, Pingresp, Publish, Subscribe, Subscription, encode
 from mesh.parking import ParkingLot
 from tests.mesh.test_broker_raw import Raw, recv_until_close
 from tests.support import Client

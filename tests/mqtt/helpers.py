@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from mesh.mqtt import Connack, Connect, Decoder, Packet, encode
+from mqtt import Connack, Connect, Decoder, Packet, encode
 
 # Packets only a server receives / only a client receives; the rest go both ways.
 CLIENT_TO_SERVER_ONLY = {"Connect", "Subscribe", "Unsubscribe", "Pingreq"}

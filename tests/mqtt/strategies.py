@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from mesh.mqtt import (
+from mqtt import (
     Auth,
     Connack,
     Connect,
@@ -28,8 +28,8 @@ from mesh.mqtt import (
     Unsubscribe,
     Will,
 )
-from mesh.mqtt.properties import ALLOWED_PROPERTIES, EMPTY_PROPERTIES, PROPERTY_IDS
-from mesh.mqtt.reason_codes import (
+from mqtt.properties import ALLOWED_PROPERTIES, EMPTY_PROPERTIES, PROPERTY_IDS
+from mqtt.reason_codes import (
     AUTH_REASONS,
     CONNACK_REASONS,
     DISCONNECT_REASONS,

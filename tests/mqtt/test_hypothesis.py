@@ -8,8 +8,8 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mesh.mqtt.decoder as decoder_module
-from mesh.mqtt import Connect, Decoder, MQTTError, encode, patch_publish
+import mqtt.decoder as decoder_module
+from mqtt import Connect, Decoder, MQTTError, encode, patch_publish
 
 from .helpers import decoder_for, role_for
 from .strategies import level_and_packet, levels, packets, publishes

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from mesh.mqtt import (
+from mqtt import (
     Connack,
     Connect,
     Disconnect,

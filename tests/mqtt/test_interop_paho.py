@@ -15,7 +15,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from mesh.mqtt import (
+from mqtt import (
     Connack,
     Connect,
     Disconnect,

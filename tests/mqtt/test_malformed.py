@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from mesh.mqtt import (
+from mqtt import (
     Decoder,
     MalformedPacket,
     MQTTError,
@@ -22,7 +22,7 @@ from mesh.mqtt import (
     UnsupportedProtocolVersion,
     encode,
 )
-from mesh.mqtt.reason_codes import CONNACK_REASONS, DISCONNECT_REASONS
+from mqtt.reason_codes import CONNACK_REASONS, DISCONNECT_REASONS
 
 
 def varint(n: int) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.mqtt import (
+from mqtt import (
     EMPTY_PROPERTIES,
     Auth,
     Connack,

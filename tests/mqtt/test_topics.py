@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.mqtt import (
+from mqtt import (
     RemoteProtocolError,
     parse_shared_subscription,
     topic_matches,

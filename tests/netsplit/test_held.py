@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mesh.mqtt import EMPTY_PROPERTIES
+from mqtt import EMPTY_PROPERTIES
 from netsplit.held import HeldTraffic
 from session_store.model import Message
 

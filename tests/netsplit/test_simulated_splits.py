@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gossip.cli import simulate_main
+from simulation.cli import simulate_main
 from gossip.events import DEAD, MemberChanged
-from gossip.sim import SimParams, Simulation, parse_partition
+from simulation.membership import SimParams, Simulation, parse_partition
 from netsplit.detector import PartitionDetected, PartitionHealed
 
 

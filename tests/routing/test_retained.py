@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.mqtt import topic_matches
+from mqtt import topic_matches
 from routing.retained import RetainedIndex
 
 LEVELS = st.sampled_from(["a", "b", "$SYS", "", "c"])

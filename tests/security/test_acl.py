@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.acl import Acl, AclError, filter_covers, filters_overlap
-from mesh.mqtt.topics import topic_matches, validate_topic_filter
+from mqtt.topics import topic_matches, validate_topic_filter
 
 ISSUE_EXAMPLE = """
 acl_nomatch = "deny"

@@ -25,9 +25,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from mesh.acl import Acl
 from mesh.auth import Authenticator, ScryptParams, hash_password
 from mesh.limits import TokenBucket
-from mesh.mqtt import Decoder, RemoteProtocolError, encode
-from mesh.mqtt.packets import Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Publish, Suback, Subscribe
-from mesh.mqtt.reason_codes import ReasonCode
+from mqtt import Decoder, RemoteProtocolError, encode
+from mqtt.packets import Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Publish, Suback, Subscribe
+from mqtt.reason_codes import ReasonCode
 from mesh.tls import accept_tls, peer_common_name, server_context
 
 FAST = ScryptParams(n=2**10, r=8, p=1)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mesh.mqtt import Connect, Decoder, Disconnect, Publish, Pubrel, Subscribe, Subscription, encode
+from mqtt import Connect, Decoder, Disconnect, Publish, Pubrel, Subscribe, Subscription, encode
 from tests.support import Client
 
 V5_CONNECT = encode(Connect(client_id="hostile", protocol_level=5), 5)

@@ -29,7 +29,7 @@ def connack_code(port: int, version: int, **kw) -> int:
     return code byte as it is on the wire (paho would translate it to a v5 code)."""
     import socket
 
-    from mesh.mqtt import Connect, Decoder, encode
+    from mqtt import Connect, Decoder, encode
 
     password = kw.get("password")
     connect = Connect(client_id=kw.get("client_id", "probe"), username=kw.get("username"),
@@ -120,7 +120,7 @@ def test_acl_subscribe_and_publish(secured):
 
 
 def test_puback_0x87_for_denied_publish(secured):
-    from mesh.mqtt import Connect, Puback, Publish
+    from mqtt import Connect, Puback, Publish
     from tests.mesh.test_broker_raw import Raw
 
     node, _ = secured
@@ -195,7 +195,7 @@ def test_mqtts_and_wss(node_factory, tmp_path, pki):
     # Plain MQTT on the TLS port is closed cleanly; the node keeps serving.
     import socket
 
-    from mesh.mqtt import Connect, encode
+    from mqtt import Connect, encode
 
     s = socket.create_connection(("127.0.0.1", node.ports["mqtts"]), timeout=5)
     s.sendall(encode(Connect(client_id="plain"), 4))
@@ -305,7 +305,7 @@ def test_sighup_reloads_the_acl(tmp_path):
 
 
 def test_protocol_limits_are_counted(node_factory):
-    from mesh.mqtt import Properties, Publish
+    from mqtt import Properties, Publish
     from tests.mesh.test_broker_raw import Raw, recv_until_close
 
     node = node_factory(max_packet_size=256, topic_alias_maximum=1, max_inflight=1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from mesh.mqtt import EMPTY_PROPERTIES, Properties, Puback, Subscribe, Subscription
+from mqtt import EMPTY_PROPERTIES, Properties, Puback, Subscribe, Subscription
 from session_store.model import Delivery, Message
 from session_store.store import EARLY_WRITE_BUDGET, MemoryStore
 from tests.mesh.test_broker_raw import Raw

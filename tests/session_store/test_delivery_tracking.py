@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.broker import Broker
-from mesh.mqtt import EMPTY_PROPERTIES
+from mqtt import EMPTY_PROPERTIES
 from session_store.model import Delivery, Message, SubscriptionOptions
 from session_store.store import MemoryStore, SessionStore, StoredSession
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.mqtt import EMPTY_PROPERTIES
+from mqtt import EMPTY_PROPERTIES
 from session_store import handoff
 from session_store.handoff import (
     Ask, Finished, HandoffError, Install, MergeTail, Redirect, Refused, Takeover, image_of, merge_tail, queue_chunk,

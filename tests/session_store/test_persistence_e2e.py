@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mesh.mqtt import Properties, Puback, Subscribe, Subscription
+from mqtt import Properties, Puback, Subscribe, Subscription
 from tests.mesh.test_broker_raw import Raw
 from tests.support import TIMEOUT, Client, MeshdProcess
 

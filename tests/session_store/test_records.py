@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.mqtt import EMPTY_PROPERTIES, Properties
+from mqtt import EMPTY_PROPERTIES, Properties
 from session_store import records
 from session_store.model import Delivery, Message
 

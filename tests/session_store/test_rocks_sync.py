@@ -125,7 +125,7 @@ def test_consecutive_deletes_become_one_range_tombstone():
 
 def test_range_tombstones_delete_exactly_the_acknowledged(store):
     from session_store.model import Delivery, Message
-    from mesh.mqtt import Properties
+    from mqtt import Properties
 
     def d(seq: int) -> Delivery:
         x = Delivery(Message(f"t/{seq}", b"p", 1, False, Properties()), 1, False, ())
@@ -156,7 +156,7 @@ def test_old_wal_files_do_not_pile_up(tmp_path, monkeypatch):
     (the session) must not keep every old one alive: the WAL cap flushes it."""
     from session_store import rocks
     from session_store.model import Delivery, Message
-    from mesh.mqtt import Properties
+    from mqtt import Properties
 
     monkeypatch.setattr(rocks, "QUEUE_WRITE_BUFFER", 256 << 10)
     monkeypatch.setattr(rocks, "MAX_TOTAL_WAL", 1 << 20)

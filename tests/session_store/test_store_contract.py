@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.mqtt import Properties, Will
+from mqtt import Properties, Will
 from session_store.model import Delivery, Message, SubscriptionOptions
 from session_store.rocks import RocksStore, StoreOpenError
 from session_store.store import MemoryStore, RecoveredState, SessionStore

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gossip.cli import simulate_main
+from simulation.cli import simulate_main
 from spark_analysis import cli
 
 pytestmark = pytest.mark.spark

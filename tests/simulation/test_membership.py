@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gossip.cli import simulate_main
-from gossip.sim import SimParams, Simulation, parse_partition
+from simulation.cli import simulate_main
+from simulation.membership import SimParams, Simulation, parse_partition
 from gossip.trace import TRACE_FIELDS, TRACE_KINDS
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gossip.cli import format_members, members_main
+from mesh.members import format_members, members_main
 
 
 def test_format_members_table() -> None:

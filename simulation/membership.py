@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from .config import GossipConfig, preset
-from .events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
-from .formulas import suspicion_bounds
-from .swim import Swim, frame_body
+from gossip.config import GossipConfig, preset
+from gossip.events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
+from gossip.formulas import suspicion_bounds, suspicion_timeout
+from gossip.swim import Swim, frame_body
+from gossip.trace import NullTraceWriter, TraceWriter
 from netsplit.detector import PartitionDetector, detector_for
 from netsplit.records import trace_fields
-from .trace import NullTraceWriter, TraceWriter
-from .formulas import suspicion_timeout
 
 PORT = 7946
 
