@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Do two versions of meshd still form one cluster? Runs real nodes of an older commit
+and of this tree side by side on 127.0.0.1 and checks what crosses the wire between
+them: membership (SWIM over UDP), route sync, forwarded publishes (mesh links) and
+session handoff, in both directions.
+
+    python scripts/compat_check.py                  # against OLD_DEFAULT
+    python scripts/compat_check.py --old v0.1.0     # any commit, tag or branch
+
+The old commit is exported with `git archive` into a temporary directory; each node is
+`python -m mesh.cli` with PYTHONPATH set to its tree. Exit 0 when every check passes,
+1 when one fails (its reason printed), 2 when the old commit cannot be exported.
+Bounded: every wait has a timeout; every process started here is killed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mesh.http_client import HttpClientError, request_json  # noqa: E402
+from tests.support import Client, free_port  # noqa: E402
+
+# The last commit before the house (issue 19) changed the shape of every package.
+OLD_DEFAULT = "9ea2f5a"
+TIMEOUT = 30.0
+
+
+class Node:
+    """One `meshd` process running the code in `tree`."""
+
+    def __init__(self, name: str, tree: Path, workdir: Path, seed: int | None) -> None:
+        self.name = name
+        self.tree = tree
+        self.mqtt = free_port()
+        self.http = free_port()
+        self.gossip = free_port()
+        self.log = open(workdir / f"{name}.log", "w")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
+        env["PYTHONPATH"] = str(tree)
+        args = [
+            sys.executable, "-m", "mesh.cli", "--node-id", name, "--data-dir", str(workdir / name),
+            "--mqtt", f"127.0.0.1:{self.mqtt}", "--ws", "off", "--http", f"127.0.0.1:{self.http}",
+            "--gossip", f"127.0.0.1:{self.gossip}", "--no-mdns", "--no-trace", "--gossip-preset", "local",
+        ]
+        if seed is not None:
+            args += ["--seed", f"127.0.0.1:{seed}"]
+        self.proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def members(self) -> dict[str, str]:
+        status, body = request_json(f"127.0.0.1:{self.http}", "GET", "/api/v1/members")
+        return {m["id"]: m["state"] for m in body["members"]} if status == 200 else {}
+
+    def routes(self) -> dict[str, set[str]]:
+        status, body = request_json(f"127.0.0.1:{self.http}", "GET", "/api/v1/routes")
+        return {r["filter"]: set(r["nodes"]) for r in body["routes"]} if status == 200 else {}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+def wait_for(what: str, predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except (OSError, HttpClientError):
+            pass  # the node is still starting
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def export(rev: str, into: Path) -> str:
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True)
+    if commit.returncode != 0:
+        raise SystemExit(f"compat_check: cannot resolve {rev!r}: {commit.stderr.strip()}")
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", rev], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise SystemExit(f"compat_check: git archive {rev} failed")
+    return commit.stdout.strip()
+
+
+def forward(pub_node: Node, sub_node: Node, nodes: list[Node], tag: str) -> None:
+    sub = Client(f"sub-{tag}", version=5)
+    sub.connect(sub_node.mqtt)
+    sub.subscribe(f"compat/{tag}/#", 1)
+    for n in nodes:
+        wait_for(f"{n.name} routes compat/{tag}/# to {sub_node.name}",
+                 lambda n=n: n.routes().get(f"compat/{tag}/#") == {sub_node.name})
+    pub = Client(f"pub-{tag}", version=4)
+    pub.connect(pub_node.mqtt)
+    for i in range(50):
+        pub.publish(f"compat/{tag}/{i}", str(i).encode(), qos=1)
+    got = [int(m.payload) for m in sub.expect(50)]
+    assert got == list(range(50)), f"{pub_node.name} -> {sub_node.name}: got {got}"
+    sub.expect_none(0.3)
+    pub.disconnect()
+    sub.disconnect()
+
+
+def handoff(first: Node, second: Node, nodes: list[Node], tag: str) -> None:
+    client_id = f"mover-{tag}"
+    sub = Client(client_id, version=5, clean=False)
+    sub.connect(first.mqtt, expiry=3600)
+    sub.subscribe(f"move/{tag}/#", 1)
+    for n in nodes:
+        wait_for(f"{n.name} routes move/{tag}/# to {first.name}",
+                 lambda n=n: n.routes().get(f"move/{tag}/#") == {first.name})
+    sub.disconnect()
+    pub = Client(f"pub-move-{tag}", version=5)
+    pub.connect(first.mqtt)
+    for i in range(20):
+        pub.publish(f"move/{tag}/{i}", str(i).encode(), qos=1)
+    pub.disconnect()
+    again = Client(client_id, version=5, clean=False)
+    flags, _, _ = again.connect(second.mqtt, expiry=3600)
+    assert flags.session_present, f"{first.name} -> {second.name}: session not handed over"
+    got = [int(m.payload) for m in again.expect(20)]
+    assert got == list(range(20)), f"{first.name} -> {second.name}: queue {got}"
+    again.disconnect()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", default=OLD_DEFAULT, help=f"the older commit (default {OLD_DEFAULT})")
+    args = parser.parse_args(argv)
+    nodes: list[Node] = []
+    with tempfile.TemporaryDirectory(prefix="meshd-compat-") as tmp:
+        work = Path(tmp)
+        (work / "old").mkdir()
+        old = export(args.old, work / "old")
+        new = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        print(f"old: {old}  new: {new} (this tree)")
+        try:
+            a = Node("old-a", work / "old", work, seed=None)
+            nodes.append(a)
+            b = Node("new-b", ROOT, work, seed=a.gossip)
+            nodes.append(b)
+            c = Node("old-c", work / "old", work, seed=b.gossip)
+            nodes.append(c)
+            checks: list[tuple[str, Callable[[], None]]] = [
+                ("membership: every node sees 3 alive", lambda: [
+                    wait_for(f"{n.name} sees 3 alive", lambda n=n: sum(s == "alive" for s in n.members().values()) == 3)
+                    for n in nodes]),
+                ("forward QoS 1: new -> old", lambda: forward(b, a, nodes, "n2o")),
+                ("forward QoS 1: old -> new", lambda: forward(c, b, nodes, "o2n")),
+                ("session handoff: old -> new", lambda: handoff(a, b, nodes, "o2n")),
+                ("session handoff: new -> old", lambda: handoff(b, c, nodes, "n2o")),
+            ]
+            for name, check in checks:
+                started = time.monotonic()
+                try:
+                    check()
+                except AssertionError as exc:
+                    print(f"FAIL  {name}: {exc}  (logs in {work})")
+                    for n in nodes:
+                        n.stop()
+                        print(f"--- {n.name}\n" + (work / f"{n.name}.log").read_text()[-3000:])
+                    return 1
+                print(f"ok    {name} ({time.monotonic() - started:.1f} s)")
+        finally:
+            for n in nodes:
+                n.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
