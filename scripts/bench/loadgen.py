@@ -344,8 +344,8 @@ def latency(port: int, broker_pid: int, *, qos: int, rate: float = 2000.0, durat
         acks = wire.AckStream()
         template = wire.PublishTemplate(topic, payload, qos)
         sel = selectors.DefaultSelector()
-        sel.register(sub, selectors.EVENT_READ, "sub")
-        sel.register(pub, selectors.EVENT_READ, "pub")
+        sel.register(sub, selectors.EVENT_READ, ("sub", sub))
+        sel.register(pub, selectors.EVENT_READ, ("pub", pub))
         interval_ns = int(1e9 / rate)
         cpu0 = procstat.cpu_seconds(broker_pid)
         gen0 = time.process_time()
@@ -373,14 +373,14 @@ def latency(port: int, broker_pid: int, *, qos: int, rate: float = 2000.0, durat
                     break
                 timeout = 0.05
             for key, _ in sel.select(timeout):
-                sock = key.fileobj
+                role, sock = key.data  # key.fileobj is typed as any file-like; the socket rides along
                 try:
-                    data = sock.recv(65536)  # type: ignore[union-attr]
+                    data = sock.recv(65536)
                 except BlockingIOError:
                     continue
                 if not data:
                     raise ClientError("broker closed a latency client")
-                if key.data == "sub":
+                if role == "sub":
                     back = stream.feed(data)
                     last_seen_at = time.perf_counter_ns()
                     if back:
@@ -428,6 +428,17 @@ def _send_all(sock: socket.socket, data: bytes) -> None:
 
 # ----------------------------------------------------------------------------- idle
 
+class _Handshake:
+    """One connection of `idle_connections` between connect() and its CONNACK."""
+
+    __slots__ = ("sock", "client_id", "received")
+
+    def __init__(self, sock: socket.socket, client_id: str) -> None:
+        self.sock = sock
+        self.client_id = client_id
+        self.received = bytearray()
+
+
 def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurrency: int = 200,
                      timeout: float = 60.0, settle: float = 1.0, tag: str = "i") -> dict[str, Any]:
     """Open `count` idle MQTT connections; connects/s and RSS delta per connection."""
@@ -456,32 +467,32 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
                     started += 1
                     continue
                 open_socks.append(s)
-                sel.register(s, selectors.EVENT_WRITE, [f"{tag}-{started:05d}", bytearray()])
+                sel.register(s, selectors.EVENT_WRITE, _Handshake(s, f"{tag}-{started:05d}"))
                 started += 1
                 in_flight += 1
             for key, mask in sel.select(0.5):
-                s = key.fileobj
-                state = key.data
+                state: _Handshake = key.data
+                s = state.sock
                 if mask & selectors.EVENT_WRITE:
-                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):  # type: ignore[union-attr]
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                         sel.unregister(s)
                         failed += 1
                         in_flight -= 1
                         continue
-                    s.send(wire.connect_packet(state[0]))  # type: ignore[union-attr]
+                    s.send(wire.connect_packet(state.client_id))
                     sel.modify(s, selectors.EVENT_READ, state)
                     continue
                 try:
-                    data = s.recv(64)  # type: ignore[union-attr]
+                    data = s.recv(64)
                 except BlockingIOError:
                     continue
                 except OSError:
                     data = b""
-                state[1] += data
-                if not data or len(state[1]) >= 4:
+                state.received += data
+                if not data or len(state.received) >= 4:
                     sel.unregister(s)
                     in_flight -= 1
-                    if data and state[1][0] == 0x20 and state[1][3] == 0:
+                    if data and state.received[0] == 0x20 and state.received[3] == 0:
                         connected += 1
                     else:
                         failed += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
         original = loadgen._close_all
 
-        def snapshot_then_close(socks):  # type: ignore[no-untyped-def]
+        def snapshot_then_close(socks: list[socket.socket]) -> None:
             if len(socks) >= args.connections:
                 result["after"] = _snapshot(broker.pid, work, 2)
                 result["rss1"] = procstat.rss_bytes(broker.pid)

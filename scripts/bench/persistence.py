@@ -221,7 +221,7 @@ def publish_count(port: int, n: int, inflight: int = 100) -> tuple[int, int, flo
                 break
             for key, _ in sel.select(0.05):
                 try:
-                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    data = key.data.sock.recv(65536)  # the _Publisher registered with its socket
                 except BlockingIOError:
                     continue
                 if not data:

@@ -21,6 +21,8 @@ import cluster
 import loadgen
 import persistence
 
+RunFn = Callable[[int, int, bool], dict[str, Any]]  # (port, broker pid, quick) -> measurements
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -34,7 +36,7 @@ class Metric:
 class Scenario:
     name: str
     description: str
-    run: Callable[[int, int, bool], dict[str, Any]] | None
+    run: RunFn | None
     metrics: tuple[Metric, ...]
     # the metric of the target ratio: "meshd must beat amqtt by 3x" on this one
     headline: str = "msgs_per_s"
@@ -79,7 +81,7 @@ QOS1_WINDOW = 500
 FANOUT_WINDOW = 1000  # x 100 subscribers = 100,000 deliveries in flight at most
 
 
-def _throughput(publishers: int, subscribers: int, qos: int, topics: str = "one", window: int | None = None):  # type: ignore[no-untyped-def]
+def _throughput(publishers: int, subscribers: int, qos: int, topics: str = "one", window: int | None = None) -> RunFn:
     def run(port: int, pid: int, quick: bool) -> dict[str, Any]:
         return loadgen.throughput(port, pid, publishers=publishers, subscribers=subscribers, qos=qos,
                                   topics=topics, duration=_duration(quick),
@@ -87,7 +89,7 @@ def _throughput(publishers: int, subscribers: int, qos: int, topics: str = "one"
     return run
 
 
-def _latency(qos: int):  # type: ignore[no-untyped-def]
+def _latency(qos: int) -> RunFn:
     def run(port: int, pid: int, quick: bool) -> dict[str, Any]:
         return loadgen.latency(port, pid, qos=qos, rate=2000.0, duration=_duration(quick))
     return run

@@ -19,7 +19,7 @@ BROKER_ORDER = ("meshd", "amqtt", "mosquitto")
 
 
 def load(paths: Iterable[str]) -> list[dict[str, Any]]:
-    records = []
+    records: list[dict[str, Any]] = []
     for path in paths:
         with open(path) as f:
             lines = (json.loads(line) for line in f if line.strip())
