@@ -16,24 +16,83 @@ With `api_token` set, every endpoint needs `Authorization: Bearer <token>`; with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sized
 
 from mesh import __version__
-from mesh.config import ConfigError
+from mesh.cluster_config import Register
+from mesh.config import ConfigError, Settings
 from mesh.http_api import Request, Response, Router, error_response, json_response
-from mesh.metrics import CONTENT_TYPE
+from mesh.metrics import CONTENT_TYPE, Metrics
 from mqtt import ReasonCode
-from mesh.node_metrics import node_metrics
 
-if TYPE_CHECKING:
-    from mesh.node import Node
+
+class ApiSecurity(Protocol):
+    def api_allows(self, method: str, authorization: str | None) -> bool: ...
+
+
+class Kickable(Protocol):
+    def close(self, reason: int) -> None: ...
+
+
+class ApiBroker(Protocol):
+    @property
+    def sessions(self) -> Sized: ...
+    @property
+    def retained(self) -> Sized: ...
+    @property
+    def connections(self) -> Mapping[str, Kickable]: ...
+    def client_count(self) -> int: ...
+    def subscription_count(self) -> int: ...
+
+
+class ApiMembers(Protocol):
+    def members(self) -> list[dict[str, Any]]: ...
+
+
+class ApiPartitions(Protocol):
+    def snapshot(self) -> dict[str, Any]: ...
+
+
+class ApiRoutes(Protocol):
+    def routes(self) -> list[dict[str, Any]]: ...
+
+
+class ApiConfig(Protocol):
+    def registers(self) -> list[Register]: ...
+    def get(self, key: str) -> Register | None: ...
+    def set(self, key: str, raw: object) -> Register: ...
+
+
+class ApiNode(Protocol):
+    """What the API reads of a node (mesh.node.Node is one)."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def ports(self) -> Mapping[str, int]: ...
+    @property
+    def security(self) -> ApiSecurity: ...
+    @property
+    def broker(self) -> ApiBroker: ...
+    @property
+    def gossip(self) -> ApiMembers: ...
+    @property
+    def partitions(self) -> ApiPartitions: ...
+    @property
+    def cluster(self) -> ApiRoutes: ...
+    @property
+    def config_sync(self) -> ApiConfig: ...
+    def uptime(self) -> float: ...
+
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build_router(node: "Node") -> Router:
+def build_router(node: ApiNode, metrics: Metrics) -> Router:
+    """The API's routes over `node`; `/metrics` renders `metrics`."""
     router = Router()
-    metrics = node_metrics(node)
 
     def add(method: str, path: str, handler: Handler) -> None:
         async def guarded(request: Request) -> Response:
@@ -79,7 +138,7 @@ def build_router(node: "Node") -> Router:
 
     async def config_get(request: Request) -> Response:
         key = request.path_params["key"]
-        register = node.config_sync.config.get(key)
+        register = node.config_sync.get(key)
         if register is None:
             return error_response(404, f"{key}: not set cluster-wide")
         return json_response(register.as_dict())

@@ -61,6 +61,9 @@ class ConfigSync:
         self.gossip.broadcast("config", key, register.to_wire())
         return register
 
+    def get(self, key: str) -> Register | None:
+        return self.config.get(key)
+
     def registers(self) -> list[Register]:
         return sorted(self.config.registers.values(), key=lambda r: r.key)
 

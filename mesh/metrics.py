@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Self, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 
 if TYPE_CHECKING:
     from mesh.http_api import Router
@@ -31,6 +31,10 @@ _NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 LabelValues = tuple[str, ...]
+# A callback's reading: a number, or one per label value (a bare string when the metric
+# has a single label, a tuple of them otherwise).
+Reading = float | Mapping[str, float] | Mapping[LabelValues, float]
+CallbackFn = Callable[[], Reading]
 
 
 def _check_labelnames(labelnames: Iterable[str]) -> tuple[str, ...]:
@@ -74,11 +78,14 @@ def _labels_text(names: Sequence[str], values: Sequence[str]) -> str:
     return "{" + inner + "}"
 
 
-class _Metric:
-    """Shared parts: name, help, label names, cached children."""
+ChildT = TypeVar("ChildT", bound="_Metric[Any]")
+
+
+class _Metric(Generic[ChildT]):
+    """Shared parts: name, help, label names, cached children (of type ChildT: a
+    leaf subclass whose methods skip the checks)."""
 
     type_name = "untyped"
-    _child_type: type[_Metric]
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = (), _values: LabelValues = ()) -> None:
         self.name = name
@@ -86,9 +93,12 @@ class _Metric:
         self.labelnames = tuple(labelnames)
         self.labelvalues = _values
         self.value: float = 0
-        self._children: dict[LabelValues, _Metric] = {}
+        self._children: dict[LabelValues, ChildT] = {}
 
-    def labels(self, *values: str, **kv: str) -> Self:
+    def _make_child(self, key: LabelValues) -> ChildT:
+        raise NotImplementedError
+
+    def labels(self, *values: str, **kv: str) -> ChildT:
         """The child for these label values (cached: keep it and call it directly)."""
         if not self.labelnames:
             raise ValueError(f"{self.name} has no labels")
@@ -106,9 +116,9 @@ class _Metric:
             key = tuple(str(v) for v in values)
         child = self._children.get(key)
         if child is None:
-            child = self._child_type(self.name, self.help, self.labelnames, key)
+            child = self._make_child(key)
             self._children[key] = child
-        return child  # type: ignore[return-value]
+        return child
 
     def remove(self, **kv: str) -> None:
         """Forget one child (e.g. a departed peer), so it is no longer rendered."""
@@ -125,10 +135,13 @@ class _Metric:
         return [((), self.value)]
 
 
-class Counter(_Metric):
+class Counter(_Metric["_CounterChild"]):
     """Only goes up. `inc(n)` on an unlabelled counter or on a `.labels()` child."""
 
     type_name = "counter"
+
+    def _make_child(self, key: LabelValues) -> _CounterChild:
+        return _CounterChild(self.name, self.help, self.labelnames, key)
 
     def inc(self, n: float = 1) -> None:
         if n < 0:
@@ -141,10 +154,13 @@ class Counter(_Metric):
         return self.value
 
 
-class Gauge(_Metric):
+class Gauge(_Metric["_GaugeChild"]):
     """Goes up and down: `set`, `inc`, `dec`."""
 
     type_name = "gauge"
+
+    def _make_child(self, key: LabelValues) -> _GaugeChild:
+        return _GaugeChild(self.name, self.help, self.labelnames, key)
 
     def set(self, value: float) -> None:
         self._check_leaf()
@@ -185,9 +201,6 @@ class _GaugeChild(Gauge):
         self.value -= n
 
 
-Counter._child_type = _CounterChild
-Gauge._child_type = _GaugeChild
-
 
 class _Callback:
     """A metric read at render time from `fn`."""
@@ -197,7 +210,7 @@ class _Callback:
         name: str,
         help: str,
         type_name: str,
-        fn: Callable[[], float] | Callable[[], Mapping[LabelValues, float]],
+        fn: CallbackFn,
         labelnames: tuple[str, ...],
     ) -> None:
         self.name = name
@@ -218,23 +231,26 @@ class _Callback:
                 log.error("metric callback %s returned %r, not a number", self.name, result)
                 return []
             return [((), result)]
+        if not isinstance(result, Mapping):
+            log.error("metric callback %s returned %r, not a value per label", self.name, result)
+            return []
         out: list[tuple[LabelValues, float]] = []
-        for key, value in sorted(dict(result).items()):  # type: ignore[call-overload]
-            key = (key,) if isinstance(key, str) else tuple(str(k) for k in key)
+        for raw_key, value in result.items():
+            key = (raw_key,) if isinstance(raw_key, str) else tuple(str(k) for k in raw_key)
             if len(key) != len(self.labelnames):
                 log.error("metric callback %s returned labels %r for %r", self.name, key, self.labelnames)
                 continue
             out.append((key, value))
-        return out
+        return sorted(out)
 
 
 class Metrics:
     """A registry of named metrics, rendered in Prometheus text format."""
 
     def __init__(self) -> None:
-        self._metrics: dict[str, _Metric | _Callback] = {}
+        self._metrics: dict[str, _Metric[Any] | _Callback] = {}
 
-    def _register(self, name: str, metric: _Metric | _Callback) -> None:
+    def _register(self, name: str, metric: _Metric[Any] | _Callback) -> None:
         if not _NAME_RE.match(name):
             raise ValueError(f"invalid metric name {name!r}")
         if name in self._metrics:
@@ -255,7 +271,7 @@ class Metrics:
         self,
         name: str,
         help: str,
-        fn: Callable[[], float] | Callable[[], Mapping[LabelValues, float]],
+        fn: CallbackFn,
         labelnames: Sequence[str] = (),
     ) -> None:
         """A gauge read by calling `fn()` at render time.
@@ -269,7 +285,7 @@ class Metrics:
         self,
         name: str,
         help: str,
-        fn: Callable[[], float] | Callable[[], Mapping[LabelValues, float]],
+        fn: CallbackFn,
         labelnames: Sequence[str] = (),
     ) -> None:
         """A counter kept elsewhere (e.g. in a sans-I/O core), read at render time."""

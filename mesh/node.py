@@ -31,6 +31,9 @@ import trio
 from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
 from mesh import __version__
+from mesh.api import build_router
+from mesh.http_api import serve_http
+from mesh.node_metrics import node_metrics
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
 from mesh.connection import ClientConnection, SocketByteStream
@@ -331,10 +334,7 @@ class Node:
             raise _bind_error("gossip", addr, oserror) from exc
 
     async def _start_http(self, services: trio.Nursery, addr: HostPort) -> int:
-        from mesh.api import build_router
-        from mesh.http_api import serve_http
-
-        router = build_router(self)
+        router = build_router(self, node_metrics(self))
         try:
             return await services.start(serve_http, router, addr.host, addr.port)
         except BaseException as exc:

@@ -1,17 +1,165 @@
 """The node's Prometheus metrics, read from the broker's plain counters at scrape time
-(the hot path only ever does `int += 1`)."""
+(the hot path only ever does `int += 1`).
+
+`node_metrics` reads the node through `MetricsNode`: the counters it renders and
+nothing else (mesh.node.Node is one)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol, Sized
 
+from mesh.broker import BrokerStats
 from mesh.metrics import Metrics
-
-if TYPE_CHECKING:
-    from mesh.node import Node
+from session_store.store import StoreStats
 
 
-def node_metrics(node: "Node") -> Metrics:
+class BrokerCounts(Protocol):
+    @property
+    def stats(self) -> BrokerStats: ...
+    @property
+    def sessions(self) -> Sized: ...
+    @property
+    def retained(self) -> Sized: ...
+    def client_count(self) -> int: ...
+    def subscription_count(self) -> int: ...
+
+
+class StoreCounts(Protocol):
+    @property
+    def stats(self) -> StoreStats: ...
+
+
+class GossipCounts(Protocol):
+    def members(self) -> list[dict[str, Any]]: ...
+    @property
+    def stats(self) -> Mapping[str, float]: ...
+
+
+class DetectorCounts(Protocol):
+    @property
+    def active(self) -> Sized: ...
+
+
+class PartitionCounts(Protocol):
+    @property
+    def detector(self) -> DetectorCounts: ...
+    @property
+    def detected_total(self) -> int: ...
+    @property
+    def healed_total(self) -> int: ...
+    def unreachable(self) -> frozenset[str]: ...
+
+
+class RouteCounts(Protocol):
+    def route_count(self) -> int: ...
+    def local_filters(self) -> Sized: ...
+
+
+class LinkCounts(Protocol):
+    @property
+    def dropped(self) -> int: ...
+
+
+class MalformedCount(Protocol):
+    @property
+    def malformed(self) -> int: ...
+
+
+class HandoffStatsView(Protocol):
+    @property
+    def taken(self) -> int: ...
+    @property
+    def given(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def superseded(self) -> int: ...
+    @property
+    def kicked(self) -> int: ...
+    @property
+    def merged_in(self) -> int: ...
+    @property
+    def merged_out(self) -> int: ...
+    @property
+    def durations_ms(self) -> list[float]: ...
+
+
+class ClaimsView(Protocol):
+    @property
+    def claims(self) -> Sized: ...
+
+
+class HandoffCounts(Protocol):
+    @property
+    def stats(self) -> HandoffStatsView: ...
+    @property
+    def register(self) -> ClaimsView: ...
+
+
+class HeldCounts(Protocol):
+    @property
+    def members(self) -> Sized: ...
+    @property
+    def held_total(self) -> int: ...
+    @property
+    def replayed(self) -> int: ...
+    @property
+    def dropped_full(self) -> int: ...
+    @property
+    def dropped_aged(self) -> int: ...
+    def counts(self) -> Mapping[str, int]: ...
+
+
+class ClusterCounts(Protocol):
+    @property
+    def table(self) -> RouteCounts: ...
+    @property
+    def links(self) -> Mapping[str, LinkCounts]: ...
+    @property
+    def inbound(self) -> MalformedCount: ...
+    @property
+    def handoffs(self) -> HandoffCounts: ...
+    @property
+    def held(self) -> HeldCounts: ...
+    @property
+    def routes_of_gone_ignored(self) -> int: ...
+    @property
+    def forwarded_out(self) -> int: ...
+    @property
+    def forwarded_in(self) -> int: ...
+    @property
+    def malformed_items(self) -> int: ...
+    @property
+    def replay_duplicates(self) -> int: ...
+
+
+class SecurityCounts(Protocol):
+    @property
+    def refused_during_netsplit(self) -> Mapping[str, int]: ...
+    @property
+    def acl_denied(self) -> Mapping[str, int]: ...
+    @property
+    def limits_hit(self) -> Mapping[str, int]: ...
+    def auth_outcomes(self) -> dict[str, int]: ...
+
+
+class MetricsNode(Protocol):
+    @property
+    def broker(self) -> BrokerCounts: ...
+    @property
+    def store(self) -> StoreCounts: ...
+    @property
+    def gossip(self) -> GossipCounts: ...
+    @property
+    def partitions(self) -> PartitionCounts: ...
+    @property
+    def cluster(self) -> ClusterCounts: ...
+    @property
+    def security(self) -> SecurityCounts: ...
+    def uptime(self) -> float: ...
+
+
+def node_metrics(node: MetricsNode) -> Metrics:
     m = Metrics()
     broker = node.broker
     stats = broker.stats
@@ -108,7 +256,7 @@ def node_metrics(node: "Node") -> Metrics:
     security = node.security
     m.counter_callback(
         "meshd_auth_total", "CONNECT authentication decisions, by outcome",
-        lambda: {k: v for k, v in vars(security.authn.stats).items()}, ("outcome",),
+        security.auth_outcomes, ("outcome",),
     )
     m.counter_callback("meshd_acl_denied_total", "publishes and subscriptions refused by the ACL, by action",
                        lambda: dict(security.acl_denied), ("action",))
@@ -118,7 +266,7 @@ def node_metrics(node: "Node") -> Metrics:
     return m
 
 
-def _count_states(members: list[dict]) -> dict[str, int]:
+def _count_states(members: list[dict[str, Any]]) -> dict[str, int]:
     out = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
     for member in members:
         out[member["state"]] = out.get(member["state"], 0) + 1

@@ -9,6 +9,7 @@ they change on disk (`watch_files`).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import ssl
@@ -182,8 +183,9 @@ class Security:
             return True
         return authorization is not None and _constant_time_equal(authorization, f"Bearer {self.api_token}")
 
-    def metrics_state(self) -> dict[str, Any]:
-        return {"auth": self.authn.stats, "limits": self.limits_hit, "acl": self.acl_denied}
+    def auth_outcomes(self) -> dict[str, int]:
+        """CONNECT authentication decisions so far, by outcome (for `/metrics`)."""
+        return dataclasses.asdict(self.authn.stats)
 
 
 def _plain_ip(peer: str) -> str:
