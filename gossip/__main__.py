@@ -16,6 +16,9 @@ from pathlib import Path
 
 import trio
 
+from clock import TrioClock
+
+from .config import preset
 from .service import GossipService
 from .trace import NullTraceWriter, TraceWriter
 
@@ -29,6 +32,10 @@ def _hostport(text: str) -> tuple[str, int]:
 
 async def _main(args: argparse.Namespace) -> None:
     trace = TraceWriter(args.trace_dir, args.node_id) if args.trace_dir else NullTraceWriter()
+    config = preset(args.preset)
+    if args.reconnect_dead_for is not None:
+        # 0: never retry lost members' addresses (a heal then needs mDNS or a seed)
+        config = config.with_(reconnect_dead_for=args.reconnect_dead_for)
     svc = GossipService(
         node_id=args.node_id,
         bind_host=args.bind[0],
@@ -38,15 +45,14 @@ async def _main(args: argparse.Namespace) -> None:
         cluster_key=args.cluster_key,
         mdns=not args.no_mdns,
         trace=trace,
-        preset=args.preset,
+        config=config,
         advertise_host=args.advertise,
+        clock=TrioClock(),
     )
-    if args.reconnect_dead_for is not None:
-        # 0: never retry lost members' addresses (a heal then needs mDNS or a seed)
-        svc.config = svc.config.with_(reconnect_dead_for=args.reconnect_dead_for)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(svc.run)
-        print(f"gossip {args.node_id} on {svc.address[0]}:{port}", flush=True)  # type: ignore[index]
+        assert svc.address is not None  # bound once run() reported its port
+        print(f"gossip {args.node_id} on {svc.address[0]}:{port}", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             nursery.start_soon(_dump, svc, args.members_file)
             async for _ in signals:
@@ -72,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--advertise", default=None)
     p.add_argument("--seed", type=_hostport, action="append", default=[])
     p.add_argument("--cluster", default="meshd")
-    p.add_argument("--cluster-key", default=None)
+    # the environment variable the node reads too (mesh.config), resolved here: the
+    # service itself reads no environment
+    p.add_argument("--cluster-key", default=os.environ.get("MESHD_CLUSTER_KEY") or None,
+                   help="shared secret (default: $MESHD_CLUSTER_KEY)")
     p.add_argument("--no-mdns", action="store_true")
     p.add_argument("--preset", default="lan")
     p.add_argument("--members-file", default=None)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import random
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, Sequence
 
 import trio
 
-if TYPE_CHECKING:
-    from .service import GossipService
+from clock import Clock
+
+from .config import GossipConfig
 
 log = logging.getLogger("meshd.gossip.mdns")
 
@@ -43,9 +45,24 @@ def parse_txt(props: dict[Any, Any]) -> dict[str, str]:
     return out
 
 
+class MdnsHost(Protocol):
+    """What discovery needs of the gossip service it feeds."""
+
+    node_id: str
+    cluster_name: str
+    config: GossipConfig
+    address: tuple[str, int] | None
+
+    def alive_members(self) -> list[str]: ...
+
+    def join(self, addrs: Sequence[tuple[str, int]]) -> None: ...
+
+
 class MdnsDiscovery:
-    def __init__(self, service: "GossipService") -> None:
+    def __init__(self, service: MdnsHost, *, clock: Clock, rng: random.Random) -> None:
         self.service = service
+        self.clock = clock
+        self.rng = rng
         self.discovered: dict[str, tuple[str, int]] = {}  # node id -> gossip address
         self._joined_at: dict[tuple[str, int], float] = {}
         self.ignored_other_cluster = 0
@@ -131,7 +148,7 @@ class MdnsDiscovery:
             return
         seq = 0
         while True:
-            await trio.sleep(interval * (0.75 + 0.5 * self.service._rng.random()))
+            await trio.sleep(interval * (0.75 + 0.5 * self.rng.random()))
             seq += 1
             await trio.to_thread.run_sync(self._update, zc, seq)
 
@@ -166,7 +183,7 @@ class MdnsDiscovery:
         self.discovered[node_id] = (addr, port)
         if node_id in svc.alive_members():
             return  # re-announcements of members we reach anyway cost nothing
-        now = trio.current_time()
+        now = self.clock.now()
         last = self._joined_at.get((addr, port))
         rejoin_after = min(REJOIN_AFTER, svc.config.mdns_reannounce_interval or REJOIN_AFTER)
         if last is not None and now - last < rejoin_after:

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import socket
-import time
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 import trio
+
+from clock import Clock, TrioClock
 
 from . import wire
 from .config import GossipConfig, preset as get_preset
 from .events import BroadcastReceived, MemberChanged
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
+from .mdns import MdnsDiscovery
 from .swim import Addr, Swim, frame_body
 from .transport import NetTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
@@ -35,6 +36,17 @@ TCP_AAD = b"meshd-gossip-tcp"
 PUSH_PULL_TIMEOUT = 10.0
 MAX_INBOUND_STREAMS = 32
 LAG_SAMPLE = 0.1
+
+
+class Partitions(Protocol):
+    """What holders of the gossip service ask about netsplits (the node passes
+    ``netsplit.view.PartitionView``; gossip itself never decides on partitions)."""
+
+    def in_minority(self) -> bool: ...
+
+    def across_partition(self, member: str) -> bool: ...
+
+    def snapshot(self) -> dict[str, object]: ...
 
 
 class GossipService:
@@ -53,8 +65,15 @@ class GossipService:
         advertise_host: str | None = None,
         config: GossipConfig | None = None,
         seed: int | None = None,
+        rng: random.Random | None = None,
         transport: Transport | None = None,
+        clock: Clock | None = None,
+        partitions: Partitions | None = None,
     ) -> None:
+        """``cluster_key``: the shared secret (None: no encryption); the caller resolves
+        it (``mesh.config`` reads ``MESHD_CLUSTER_KEY``), this class reads no environment.
+        ``rng`` (else one seeded with ``seed``) makes every random choice; ``clock``
+        (default: Trio's) is the only time source."""
         self.node_id = node_id
         self.bind_host = bind_host
         self.bind_port = bind_port
@@ -64,10 +83,11 @@ class GossipService:
         self.trace = trace
         self.config = config if config is not None else get_preset(preset)
         self.advertise_host = advertise_host
-        if cluster_key is None:
-            cluster_key = os.environ.get("MESHD_CLUSTER_KEY") or None
         self.keyring: Keyring | None = Keyring([parse_key(cluster_key)]) if cluster_key else None
-        self._rng = random.Random(seed)
+        self.rng = rng if rng is not None else random.Random(seed)
+        self.clock: Clock = clock if clock is not None else TrioClock()
+        # the node's partition view, for whoever holds the gossip service (e.g. $SYS)
+        self.partitions = partitions
         self.swim: Swim | None = None
         self.port: int | None = None
         self.address: Addr | None = None
@@ -79,9 +99,6 @@ class GossipService:
         self._broadcast_handlers: dict[str, list[Callable[[str, object], None]]] = {}
         self._member_handlers: list[Callable[[str, str], None]] = []
         self._pending_broadcasts: list[tuple[str, str, object]] = []
-        # the node's netsplit.PartitionMonitor registers itself here, so whoever holds
-        # the gossip service (e.g. $SYS) reaches the partition view
-        self.partitions: Any = None
         self._given_transport = transport
         self.transport: Transport | None = None
         self._nursery: trio.Nursery | None = None
@@ -100,7 +117,7 @@ class GossipService:
         if self.swim is None:
             self._pending_broadcasts.append((kind, key, payload))
             return
-        self.swim.broadcast(kind, key, payload, trio.current_time())
+        self.swim.broadcast(kind, key, payload, self.clock.now())
         self._kick()
 
     def on_broadcast(self, kind: str, handler: Callable[[str, object], None]) -> None:
@@ -150,7 +167,7 @@ class GossipService:
     def join(self, addrs: Sequence[tuple[str, int]]) -> None:
         """Join through more addresses (mDNS discoveries, an operator's command)."""
         if self.swim is not None:
-            self.swim.join([(str(h), int(p)) for h, p in addrs], trio.current_time(), remember=False)
+            self.swim.join([(str(h), int(p)) for h, p in addrs], self.clock.now(), remember=False)
             self._kick()
 
     @property
@@ -179,21 +196,21 @@ class GossipService:
         else:
             host = transport.address[0]
         self.address = (host, port)
-        now = trio.current_time()
+        now = self.clock.now()
         limit = self.config.udp_buffer_size - (SEAL_OVERHEAD if self.keyring is not None else 0)
         self.swim = Swim(
             self.node_id,
             self.address,
             now=now,
-            rng=self._rng,
+            rng=self.rng,
             config=self.config,
             cluster_name=self.cluster_name,
             incarnation=0,
-            clock_offset=time.time() - now,
+            clock_offset=self.clock.wall() - now,
             packet_limit=limit,
             push_pull_providers=self._push_pull,
         )
-        self.trace.emit(ts_us=_wall_us(), kind="node_start", subject=self.node_id, incarnation=0)
+        self.trace.emit(ts_us=self._wall_us(), kind="node_start", subject=self.node_id, incarnation=0)
         for kind, key, payload in self._pending_broadcasts:
             self.swim.broadcast(kind, key, payload, now)
         self._pending_broadcasts.clear()
@@ -208,24 +225,22 @@ class GossipService:
                     seeds = await transport.resolve(self.seeds)
                     if len(seeds) < len(self.seeds):
                         log.warning("some seeds did not resolve: %s", self.seeds)
-                    self.swim.join(seeds, trio.current_time())
+                    self.swim.join(seeds, self.clock.now())
                 if self.mdns:
-                    from .mdns import MdnsDiscovery
-
-                    nursery.start_soon(MdnsDiscovery(self).run)
+                    nursery.start_soon(MdnsDiscovery(self, clock=self.clock, rng=self.rng).run)
                 await self._flush()
                 task_status.started(port)
         finally:
             self._nursery = None
             transport.close()
-            self.trace.emit(ts_us=_wall_us(), kind="node_stop", subject=self.node_id)
+            self.trace.emit(ts_us=self._wall_us(), kind="node_stop", subject=self.node_id)
             self.trace.flush()
 
     async def leave(self, timeout: float = 3.0) -> None:
         """Tell the cluster we are leaving and wait (bounded) until the news went out."""
         if self.swim is None:
             return
-        self.swim.leave(trio.current_time())
+        self.swim.leave(self.clock.now())
         await self._flush()
         with trio.move_on_after(timeout):
             while not self.swim.leave_sent:
@@ -258,7 +273,7 @@ class GossipService:
                 except DecryptError:
                     self.decrypt_failures += 1
                     continue
-            self.swim.receive(data, (addr[0], addr[1]), trio.current_time())
+            self.swim.receive(data, (addr[0], addr[1]), self.clock.now())
             await self._flush()
 
     async def _timer_loop(self) -> None:
@@ -268,7 +283,7 @@ class GossipService:
             self._wake = trio.Event()
             with trio.move_on_at(deadline if deadline is not None else math.inf):
                 await self._wake.wait()
-            self.swim.handle_timer(trio.current_time())
+            self.swim.handle_timer(self.clock.now())
             await self._flush()
 
     async def _lag_monitor(self) -> None:
@@ -278,12 +293,15 @@ class GossipService:
             samples += 1
             if samples % 10 == 0:
                 self.trace.flush()  # keep traces on disk about a second behind
-            before = trio.current_time()
+            before = self.clock.now()
             await trio.sleep(LAG_SAMPLE)
-            lag = trio.current_time() - before - LAG_SAMPLE
+            lag = self.clock.now() - before - LAG_SAMPLE
             self.loop_lag = lag
             if lag > 0:
-                self.swim.note_loop_lag(lag, trio.current_time())
+                self.swim.note_loop_lag(lag, self.clock.now())
+
+    def _wall_us(self) -> int:
+        return int(self.clock.wall() * 1_000_000)
 
     def _kick(self) -> None:
         self._wake.set()
@@ -291,7 +309,7 @@ class GossipService:
     async def _flush(self) -> None:
         swim = self.swim
         assert swim is not None
-        now = trio.current_time()
+        now = self.clock.now()
         for addr, data in swim.datagrams_to_send(now):
             if self.keyring is not None:
                 data = self.keyring.seal(data, UDP_AAD)
@@ -357,7 +375,7 @@ class GossipService:
                     return
             opened = self._open_frame(reply)
             if opened is not None:
-                self.swim.receive_stream_reply(opened, trio.current_time())
+                self.swim.receive_stream_reply(opened, self.clock.now())
                 await self._flush()
         if scope.cancelled_caught:
             self.push_pull_failures += 1
@@ -392,7 +410,7 @@ class GossipService:
                 if envelope is not None and envelope["t"] in self._stream_handlers:
                     handoff = self._stream_handlers[envelope["t"]], envelope
             if opened is not None and handoff is None:
-                reply = self.swim.handle_stream(opened, trio.current_time())
+                reply = self.swim.handle_stream(opened, self.clock.now())
                 await self._flush()
                 if reply is not None:
                     try:
@@ -426,10 +444,6 @@ def _call(handler: Callable[..., None], *args: object) -> None:
         handler(*args)
     except Exception:  # a subscriber's bug must not stop membership
         log.exception("gossip handler %r failed", handler)
-
-
-def _wall_us() -> int:
-    return int(time.time() * 1_000_000)
 
 
 def _advertise_guess(bind_host: str) -> str:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 TRACE_FIELDS: tuple[str, ...] = (
     "ts_us",
@@ -120,6 +120,13 @@ def trace_record(
     }
     record.update(extra)
     return record
+
+
+class Tracer(Protocol):
+    """What a component that records observations needs: ``TraceWriter``,
+    ``NullTraceWriter``, or a list in a test."""
+
+    def emit(self, **fields: object) -> None: ...
 
 
 class TraceWriter:

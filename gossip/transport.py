@@ -17,6 +17,8 @@ from typing import Awaitable, Callable, NoReturn, Sequence
 import trio
 import trio.testing
 
+from clock import Clock, TrioClock
+
 Addr = tuple[str, int]
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
 
@@ -123,11 +125,16 @@ class MemoryNetwork:
     undoes it, ``down(host)`` silences a host as if it were unplugged.
     """
 
-    def __init__(self, *, latency: float = 0.002, jitter: float = 0.5, loss: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, *, latency: float = 0.002, jitter: float = 0.5, loss: float = 0.0, seed: int = 0,
+        rng: random.Random | None = None, clock: Clock | None = None,
+    ) -> None:
         self.latency = latency
         self.jitter = jitter
         self.loss = loss
-        self.rng = random.Random(seed)
+        self.rng = rng if rng is not None else random.Random(seed)
+        # deadlines go to trio.move_on_at: the clock must be on Trio's timeline
+        self.clock: Clock = clock if clock is not None else TrioClock()
         self.transports: dict[Addr, MemoryTransport] = {}
         self._heap: list[tuple[float, int, Addr, bytes, Addr]] = []
         self._seq = 0
@@ -161,7 +168,7 @@ class MemoryNetwork:
             self.dropped += 1
             return
         self._seq += 1
-        heapq.heappush(self._heap, (trio.current_time() + self._delay(), self._seq, dst, data, src))
+        heapq.heappush(self._heap, (self.clock.now() + self._delay(), self._seq, dst, data, src))
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -171,7 +178,7 @@ class MemoryNetwork:
             self._wake = trio.Event()
             with trio.move_on_at(deadline):
                 await self._wake.wait()
-            now = trio.current_time()
+            now = self.clock.now()
             while self._heap and self._heap[0][0] <= now:
                 _, _, dst, data, src = heapq.heappop(self._heap)
                 target = self.transports.get(dst)

@@ -47,7 +47,11 @@ from mesh.security import Security
 from mesh.tls import accept_tls, peer_common_name
 from routing.cluster import Cluster
 from gossip.trace import NullTraceWriter, TraceWriter
+from netsplit.detector import detector_for
 from netsplit.monitor import PartitionMonitor
+from netsplit.view import PartitionView
+from gossip.config import preset as gossip_preset
+from clock import TrioClock
 from session_store.rocks import RocksStore, StoreOpenError
 
 log = logging.getLogger("meshd.node")
@@ -101,6 +105,9 @@ class Node:
         self.trace: TraceWriter | NullTraceWriter = (
             TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
         )
+        # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
+        gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
+        partition_view = PartitionView(detector_for(self.node_id, gossip_config), clock=TrioClock())
         self.gossip = GossipService(
             node_id=self.node_id,
             bind_host=settings.gossip.host,
@@ -110,12 +117,12 @@ class Node:
             cluster_key=settings.cluster_key,
             mdns=settings.mdns,
             trace=self.trace,
-            preset=settings.gossip_preset,
+            config=gossip_config,
             advertise_host=settings.gossip_advertise,
+            clock=TrioClock(),
+            partitions=partition_view,
         )
-        # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
-        self.gossip.config = self.gossip.config.with_(reconnect_dead_for=settings.reconnect_dead_for)
-        self.partitions = PartitionMonitor(self.gossip, self.trace)
+        self.partitions = PartitionMonitor(partition_view, self.gossip, self.trace, clock=TrioClock())
         self.security.in_minority = self.partitions.in_minority
         self.cluster = Cluster(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,

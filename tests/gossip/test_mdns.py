@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import random
+from typing import Sequence
 
 import trio
 
-from gossip.config import LAN, LOCAL
+from clock import TrioClock
+from gossip.config import LAN, LOCAL, GossipConfig
 from gossip.mdns import MdnsDiscovery
 
 
 class FakeService:
     node_id = "me"
     cluster_name = "c"
+    address: tuple[str, int] | None = ("10.0.0.9", 7946)
 
-    def __init__(self, config=LAN) -> None:
+    def __init__(self, config: GossipConfig = LAN) -> None:
         self.config = config
         self.alive: list[str] = []
         self.joined: list[list[tuple[str, int]]] = []
-        self._rng = random.Random(1)
 
     def alive_members(self) -> list[str]:
         return list(self.alive)
 
-    def join(self, addrs: list[tuple[str, int]]) -> None:
-        self.joined.append(addrs)
+    def join(self, addrs: Sequence[tuple[str, int]]) -> None:
+        self.joined.append(list(addrs))
 
 
 def props(node: str, cluster: str = "c", **extra: str) -> dict[str, str]:
@@ -33,7 +35,7 @@ def props(node: str, cluster: str = "c", **extra: str) -> dict[str, str]:
 
 async def test_announcements_of_members_we_reach_are_ignored_lost_ones_joined(autojump_clock):
     svc = FakeService()
-    d = MdnsDiscovery(svc)  # type: ignore[arg-type]
+    d = MdnsDiscovery(svc, clock=TrioClock(), rng=random.Random(1))
     svc.alive = ["b"]
     d._found("10.0.0.2", 7946, props("b", seq="3"))  # a re-announcement of a live member
     assert svc.joined == []
@@ -52,7 +54,7 @@ async def test_announcements_of_members_we_reach_are_ignored_lost_ones_joined(au
 
 async def test_fast_preset_rejoins_after_one_reannounce_interval(autojump_clock):
     svc = FakeService(LOCAL)
-    d = MdnsDiscovery(svc)  # type: ignore[arg-type]
+    d = MdnsDiscovery(svc, clock=TrioClock(), rng=random.Random(1))
     d._found("10.0.0.2", 7946, props("b"))
     await trio.sleep(LOCAL.mdns_reannounce_interval)
     d._found("10.0.0.2", 7946, props("b"))

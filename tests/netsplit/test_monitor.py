@@ -10,10 +10,13 @@ from typing import Any, Callable
 import trio
 import trio.testing
 
+from clock import TrioClock
 from gossip.config import LOCAL
 from mesh.http_client import request_json
 from mesh.sys_topics import mesh_values
+from netsplit.detector import detector_for
 from netsplit.monitor import PartitionMonitor
+from netsplit.view import PartitionView
 from tests.support import RunningNode, node_settings, run_cli
 
 
@@ -23,12 +26,11 @@ class FakeGossip:
 
     def __init__(self) -> None:
         self.handlers: list[Callable[[str, str], None]] = []
-        self.partitions: Any = None
 
     def on_member_change(self, handler: Callable[[str, str], None]) -> None:
         self.handlers.append(handler)
 
-    def members(self) -> list[dict]:
+    def members(self) -> list[dict[str, Any]]:
         return []
 
     def change(self, member: str, state: str) -> None:
@@ -47,8 +49,9 @@ class ListTrace:
 def test_monitor_detects_on_its_own_deadline_and_heals():
     async def main() -> None:
         gossip, trace = FakeGossip(), ListTrace()
-        mon = PartitionMonitor(gossip, trace)
-        assert gossip.partitions is mon
+        view = PartitionView(detector_for(gossip.node_id, gossip.config), clock=TrioClock())
+        mon = PartitionMonitor(view, gossip, trace, clock=TrioClock())
+        assert gossip.handlers == [mon.member_changed]
         seen: list[Any] = []
         mon.on_event(seen.append)
         async with trio.open_nursery() as nursery:
@@ -64,7 +67,7 @@ def test_monitor_detects_on_its_own_deadline_and_heals():
             (det,) = [r for r in trace.records if r["kind"] == "partition_detected"]
             assert det["subject"] == "n0/1" and det["origin"] == "n0" and det["peers"] == "n4"
             assert det["majority"] is True and det["took_us"] == round(mon.detector.window * 1e6)
-            assert abs(det["onset_ts_us"] / 1e6 - mon._offset - t0) < 1e-3
+            assert abs(det["onset_ts_us"] / 1e6 - view.clock_offset - t0) < 1e-3
             snap = mon.snapshot()
             assert snap["partitions"][0]["remote"] == ["n4"] and snap["unreachable"] == ["n4"]
             gossip.change("n4", "alive")
@@ -98,8 +101,8 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
 
         # a member we knew goes dead (as a cut cable would make it)
         mon = node.node.partitions  # type: ignore[union-attr]
-        node.call(mon._member_changed, "ghost", "alive")
-        node.call(mon._member_changed, "ghost", "dead")
+        node.call(mon.member_changed, "ghost", "alive")
+        node.call(mon.member_changed, "ghost", "dead")
         _wait(lambda: request_json(http, "GET", "/api/v1/cluster")[1]["partitioned"])
         body = request_json(http, "GET", "/api/v1/cluster")[1]
         (p,) = body["partitions"]
@@ -122,7 +125,7 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
         value = json.loads(sys["$SYS/mesh/partitions"])
         assert value["partitioned"] is True and value["partitions"][0]["remote"] == ["ghost"]
 
-        node.call(mon._member_changed, "ghost", "alive")
+        node.call(mon.member_changed, "ghost", "alive")
         _wait(lambda: not request_json(http, "GET", "/api/v1/cluster")[1]["partitioned"])
         _, text = _metrics(http)
         assert "meshd_partitions 0" in text and "meshd_partitions_healed_total 1" in text
