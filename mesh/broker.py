@@ -2,8 +2,8 @@
 
 Synchronous and clock-free: every entry point takes `now` (wall-clock seconds, so
 expiry survives restarts) and the Trio shells (`mesh.connection`, `mesh.node`) call in.
-It writes to connections only through `ClientConnection.deliver` / `.close`, which
-append to that connection's outbox; it never awaits.
+It writes to connections only through `ClientPort.deliver` / `.close`
+(`mesh.client_port`), which append to that connection's outbox; it never awaits.
 
 Data flow of a publish: `publish()` -> retained index -> local trie match (plain and
 shared subscriptions) -> one `Delivery` per session (overlapping subscriptions merged
@@ -19,20 +19,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
+from clock import Clock, SystemClock
+from mesh.client_port import ClientPort, PublishCache
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription
 from mqtt.topics import parse_shared_subscription
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
 from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions
 from session_store.store import MemoryStore, RecoveredState, SessionStore, StoredSession
-
-if TYPE_CHECKING:
-    from mesh.connection import ClientConnection
 
 log = logging.getLogger("meshd.broker")
 
@@ -87,15 +85,16 @@ _PER_HOP = {"topic_alias": None, "subscription_identifiers": ()}
 
 
 class Broker:
-    def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None) -> None:
+    def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
+                 clock: Clock | None = None) -> None:
         self.limits = limits or BrokerLimits()
         self.node_id = node_id
         self.store: SessionStore = store if store is not None else MemoryStore()
         # In `sync` durability a PUBACK/PUBREC waits until what the PUBLISH wrote is synced.
         self.acks_wait_for_sync = self.limits.durability == "sync"
-        self.ack_waiters: set[ClientConnection] = set()
+        self.ack_waiters: set[ClientPort] = set()
         self.sessions: dict[str, Session] = {}
-        self.connections: dict[str, ClientConnection] = {}
+        self.connections: dict[str, ClientPort] = {}
         self.subscriptions: TopicTrie[str] = TopicTrie()
         # filter -> group names with members on that filter; (group, filter) -> client ids
         self.shared: TopicTrie[str] = TopicTrie()
@@ -108,7 +107,7 @@ class Broker:
         self._pending_wills: dict[str, tuple[int, Any]] = {}
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
-        self._msg_ids = itertools.count(int(time.time() * 1000) * 1000)
+        self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
         # Set by the node: called when an earlier timer deadline appears.
         self.on_timer_change: Callable[[], None] = lambda: None
         # The mesh (routing.cluster.Cluster) when this node is part of one.
@@ -123,7 +122,7 @@ class Broker:
     def assign_client_id(self) -> str:
         return "auto-" + uuid.uuid4().hex[:16]
 
-    def open_session(self, conn: "ClientConnection", connect: Connect, client_id: str, now: float) -> tuple[Session, bool]:
+    def open_session(self, conn: ClientPort, connect: Connect, client_id: str, now: float) -> tuple[Session, bool]:
         """Attach `conn` to the session for `client_id`; return (session, session_present).
 
         A connection already using this client id is closed with 0x8E (session taken
@@ -179,7 +178,7 @@ class Broker:
         self.stats.connections_total += 1
         return session, present
 
-    def connection_lost(self, conn: "ClientConnection", now: float, *, publish_will: bool) -> None:
+    def connection_lost(self, conn: ClientPort, now: float, *, publish_will: bool) -> None:
         """The connection of a session ended (cleanly or not)."""
         # Acks still waiting for a sync are dropped: the client resends those PUBLISHes.
         self.ack_waiters.discard(conn)
@@ -413,7 +412,7 @@ class Broker:
         if not matches and not shared_keys:
             return 0
         sessions = self.sessions
-        cache: dict[Any, bytes] = {}
+        cache: PublishCache = {}
         if len(matches) == 1 and not shared_keys:
             # One filter and no shared group (the common case): no session can match
             # twice, so nothing to merge: no targets dict, no list per subscriber.
@@ -510,7 +509,7 @@ class Broker:
         self._shared_next[key] = (start + 1) % n
         return fallback
 
-    def deliver(self, session: Session, delivery: Delivery, now: float, cache: dict[Any, bytes] | None = None) -> None:
+    def deliver(self, session: Session, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
         if self.remembered and session.client_id in self.remembered:
             self._remember(session.client_id, delivery.message)
         conn = self.connections.get(session.client_id)

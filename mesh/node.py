@@ -30,13 +30,16 @@ from typing import Any, Callable
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
+from clock import TrioClock
+
 from mesh import __version__
 from mesh.api import build_router
 from mesh.http_api import serve_http
 from mesh.node_metrics import node_metrics
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
-from mesh.connection import ClientConnection, SocketByteStream
+from mesh.connection import ClientConnection
+from mesh.streams import SocketByteStream
 from mesh.parking import ParkingLot
 from mqtt import ReasonCode
 from mesh.sys_topics import publish_sys
@@ -92,7 +95,8 @@ class Node:
             self.store = RocksStore(store_path)
         except StoreOpenError as exc:
             raise ConfigError("data_dir", str(exc)) from None
-        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store)
+        self.clock = TrioClock()
+        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store, clock=self.clock)
         self._store_dirty = trio.Event()
         self.store.on_dirty = lambda: self._store_dirty.set()
         recovered = self.store.load()
@@ -151,7 +155,7 @@ class Node:
         s = self.settings
         async with trio.open_nursery() as connections:
             self._connections = connections
-            lot = self._lot = ParkingLot()
+            lot = self._lot = ParkingLot(self.clock)
             async with trio.open_nursery() as services:
                 services.start_soon(lot.run)
                 self.ports["gossip"] = await self._start_gossip(services, s.gossip)
@@ -258,7 +262,7 @@ class Node:
                                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         host = str(addr[0]) if isinstance(addr, tuple) else ""
                         peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
-                        conn = ClientConnection(broker, SocketByteStream(sock), peer, "tcp",
+                        conn = ClientConnection(broker, SocketByteStream(sock), peer, "tcp", clock=self.clock,
                                                 connect_timeout=timeout, security=security, peer_ip=host,
                                                 nursery=connections, lot=lot)
                         conn.park_new()
@@ -294,7 +298,7 @@ class Node:
             nursery.cancel_scope.cancel()
 
     async def _run_connection(self, stream: Any, peer: str, transport: str, peer_ip: str = "", cert_cn: str | None = None) -> None:
-        conn = ClientConnection(self.broker, stream, peer, transport, connect_timeout=self.settings.connect_timeout,
+        conn = ClientConnection(self.broker, stream, peer, transport, clock=self.clock, connect_timeout=self.settings.connect_timeout,
                                 security=self.security, peer_ip=peer_ip, cert_cn=cert_cn, nursery=self._connections)
         await conn.run()
 

@@ -10,9 +10,9 @@ connection is unparked and handed back (`on_readable` / `on_deadline`): it answe
 synchronously when it can (a CONNECT, usually) or starts its task, which parks it again
 once it has been idle for a while.
 
-The lot knows nothing about MQTT: a parked thing needs `fileno()`, a `_deadline` (Trio
-clock, `inf` for none), `_heap_at` (inf) and `_lot_registered` (False) slots the lot
-owns, and the two callbacks.
+The lot knows nothing about MQTT: a parked thing needs `fileno()`, a `deadline` (on
+the lot's clock, `inf` for none), `_heap_at` (inf) and `_lot_registered` (False) slots
+the lot owns, and the two callbacks.
 """
 
 from __future__ import annotations
@@ -25,24 +25,30 @@ from typing import Protocol
 
 import trio
 
+from clock import Clock
+
 _ARM = select.EPOLLIN | select.EPOLLONESHOT
 _MAX_EVENTS = 512
 
 
 class Parkable(Protocol):
-    _deadline: float
+    @property
+    def deadline(self) -> float: ...
+
     _heap_at: float
     _lot_registered: bool
 
     def fileno(self) -> int: ...
     def on_readable(self) -> None: ...
     def on_deadline(self) -> None: ...
+    def on_lot_closed(self) -> None: ...
 
 
 class ParkingLot:
     """Parked connections by file descriptor, and one heap of their deadlines."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock  # on Trio's timeline: its deadlines become cancel scopes
         self._epoll = select.epoll()
         self._parked: dict[int, Parkable] = {}
         # (deadline, tie-break, conn); at most one live entry per conn: the one whose
@@ -74,7 +80,7 @@ class ParkingLot:
         else:
             self._epoll.register(fd, _ARM)
             conn._lot_registered = True
-        deadline = conn._deadline
+        deadline = conn.deadline
         if deadline < conn._heap_at:
             conn._heap_at = deadline
             heapq.heappush(self._heap, (deadline, next(self._seq), conn))
@@ -113,7 +119,7 @@ class ParkingLot:
                         conn.on_readable()
                 if len(events) < _MAX_EVENTS:
                     break
-            self._expire(trio.current_time())
+            self._expire(self._clock.now())
 
     def _expire(self, now: float) -> None:
         heap = self._heap
@@ -126,12 +132,12 @@ class ParkingLot:
             fd = conn.fileno()
             if parked.get(fd) is not conn:
                 continue  # active (its task keeps the deadline) or gone
-            if conn._deadline <= now:
+            if conn.deadline <= now:
                 del parked[fd]
                 conn.on_deadline()
-            elif conn._deadline < math.inf:
-                conn._heap_at = conn._deadline
-                heapq.heappush(heap, (conn._deadline, next(self._seq), conn))
+            elif conn.deadline < math.inf:
+                conn._heap_at = conn.deadline
+                heapq.heappush(heap, (conn.deadline, next(self._seq), conn))
 
     def stop(self) -> list[Parkable]:
         """No more parking; return what was parked (the caller closes those)."""

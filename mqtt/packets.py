@@ -62,7 +62,6 @@ class PacketType(enum.IntEnum):
 # protocol level -> protocol name on the wire
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
 
-_packet = dataclass(frozen=True, slots=True)
 
 
 def _check_qos(qos: int, what: str) -> None:
@@ -75,7 +74,7 @@ def _check_packet_id(packet_id: int, what: str) -> None:
         raise LocalProtocolError(f"{what} packet id must be 1..65535, not {packet_id!r}")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Will:
     topic: str
     payload: bytes
@@ -87,7 +86,7 @@ class Will:
         _check_qos(self.qos, "will")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Connect:
     client_id: str
     clean_start: bool = True
@@ -115,14 +114,14 @@ class Connect:
             raise LocalProtocolError(f"keep_alive {self.keep_alive!r} is not 0..65535")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Connack:
     session_present: bool = False
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Publish:
     topic: str
     payload: bytes = b""
@@ -137,7 +136,7 @@ class Publish:
             raise LocalProtocolError(f"PUBLISH QoS must be 0, 1 or 2, not {self.qos!r}")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Puback:
     packet_id: int
     reason_code: int = 0
@@ -147,7 +146,7 @@ class Puback:
         _check_packet_id(self.packet_id, "PUBACK")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Pubrec:
     packet_id: int
     reason_code: int = 0
@@ -157,7 +156,7 @@ class Pubrec:
         _check_packet_id(self.packet_id, "PUBREC")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Pubrel:
     packet_id: int
     reason_code: int = 0
@@ -167,7 +166,7 @@ class Pubrel:
         _check_packet_id(self.packet_id, "PUBREL")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Pubcomp:
     packet_id: int
     reason_code: int = 0
@@ -177,7 +176,7 @@ class Pubcomp:
         _check_packet_id(self.packet_id, "PUBCOMP")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Subscription:
     topic_filter: str
     qos: int = 0
@@ -191,7 +190,7 @@ class Subscription:
             raise LocalProtocolError(f"retain_handling must be 0, 1 or 2, not {self.retain_handling!r}")
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Subscribe:
     packet_id: int
     subscriptions: tuple[Subscription, ...]
@@ -203,7 +202,7 @@ class Subscribe:
             object.__setattr__(self, "subscriptions", tuple(self.subscriptions))
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Suback:
     packet_id: int
     reason_codes: tuple[int, ...]
@@ -215,7 +214,7 @@ class Suback:
             object.__setattr__(self, "reason_codes", tuple(self.reason_codes))
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Unsubscribe:
     packet_id: int
     topic_filters: tuple[str, ...]
@@ -227,7 +226,7 @@ class Unsubscribe:
             object.__setattr__(self, "topic_filters", tuple(self.topic_filters))
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Unsuback:
     packet_id: int
     reason_codes: tuple[int, ...] = ()
@@ -239,23 +238,23 @@ class Unsuback:
             object.__setattr__(self, "reason_codes", tuple(self.reason_codes))
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Pingreq:
     pass
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Pingresp:
     pass
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Disconnect:
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES
 
 
-@_packet
+@dataclass(frozen=True, slots=True)
 class Auth:
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES

@@ -11,6 +11,8 @@ import pytest
 import trio
 import trio.testing
 
+import clock
+
 import mesh.connection
 from mqtt import Connect, Disconnect, Pingreq, Pingresp, Publish, Subscribe, Subscription, encode
 from mesh.parking import ParkingLot
@@ -149,7 +151,7 @@ class _Fake:
 
     def __init__(self, sock: socket.socket, deadline: float = math.inf) -> None:
         self.sock = sock
-        self._deadline = deadline
+        self.deadline = deadline
         self._heap_at = math.inf
         self._lot_registered = False
         self.events: list[tuple[str, float]] = []
@@ -165,7 +167,7 @@ class _Fake:
 
 
 async def test_lot_hands_over_readable_sockets_and_due_deadlines(autojump_clock):
-    lot = ParkingLot()
+    lot = ParkingLot(clock.TrioClock())
     a, a_peer = socket.socketpair()
     b, b_peer = socket.socketpair()
     c, _c_peer = socket.socketpair()
@@ -187,10 +189,10 @@ async def test_lot_hands_over_readable_sockets_and_due_deadlines(autojump_clock)
             await trio.sleep(3)
             assert soon.events == [("deadline", pytest.approx(t0 + 2))]
             # A deadline pushed back while parked is honoured at its new time.
-            late._deadline += 5
+            late.deadline += 5
             await trio.sleep(20)
             assert late.events and late.events[0][0] == "deadline"
-            assert late.events[0][1] >= late._deadline
+            assert late.events[0][1] >= late.deadline
             # Unparked: its socket's events are not handed over any more.
             lot.park(ready)
             assert lot.unpark(ready) and not lot.unpark(ready)
@@ -224,7 +226,7 @@ def test_connect_answered_inline_only_when_no_handoff_can_be_needed():
     from types import SimpleNamespace
 
     from mesh.broker import Broker
-    from mesh.connection import _handoff_is_noop
+    from mesh.client import _handoff_is_noop
     from session_store.handoff_driver import Handoffs
 
     class Gossip:

@@ -1,0 +1,518 @@
+"""One client as the broker sees it: the MQTT machine's events turned into broker calls,
+and the broker's deliveries turned into bytes. No Trio, no sockets, no await.
+
+`mqtt.server.ServerConnection` says what the protocol allows; this class decides what
+the node does: authentication, ACLs and limits (`mesh.security`), sessions, routing and
+retained messages (`mesh.broker`), and when an acknowledgement may leave (principle 6:
+only once what its packet wrote is synced, and once the nodes a message was forwarded
+to acknowledged it). `mesh.connection.ClientConnection` subclasses it with the I/O:
+it feeds the machine, calls `handle_events`, and sends what `write` collected.
+
+Back-pressure: QoS 1/2 deliveries beyond the inflight window wait in the session queue
+(bounded by `max_queued_messages`); QoS 0 deliveries are dropped, and counted, while
+the outbox holds more than `OUTBOX_LIMIT` bytes (a slow consumer loses QoS 0 first and
+never makes the node grow without bound).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from clock import Clock
+from mesh.acl import ClientAcl
+from mesh.client_port import PublishCache
+from mesh.limits import TokenBucket
+from mqtt import EMPTY_PROPERTIES, Connect, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, patch_publish
+from mqtt.server import ConnectRefused, ProtocolViolation, PublishReleased, PublishRepeated, ServerConnection, ServerSettings
+from routing.links import AckGate
+from session_store.model import Delivery, Session
+
+if TYPE_CHECKING:
+    from mesh.broker import Broker
+    from mesh.security import AuthResult, Security
+
+log = logging.getLogger("meshd.connection")
+
+OUTBOX_LIMIT = 4 * 1024 * 1024
+
+# Protocol violations that are a configured limit biting, counted per limit.
+_LIMIT_BY_REASON = {
+    ReasonCode.PACKET_TOO_LARGE: "max_packet_size",
+    ReasonCode.TOPIC_ALIAS_INVALID: "topic_alias_maximum",
+    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED: "receive_maximum",
+}
+
+
+def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
+    limits = broker.limits
+    return ServerSettings(
+        receive_maximum=limits.receive_maximum, max_packet_size=limits.max_packet_size,
+        topic_alias_maximum=limits.topic_alias_maximum, max_keepalive=limits.max_keepalive,
+        retain_available=limits.retain_available, max_inflight=limits.max_inflight, connect_timeout=connect_timeout,
+    )
+
+
+class Client:
+    __slots__ = (
+        "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
+        "session", "acl", "acl_generation", "closing", "pending_connect", "_publish_bucket", "_rate_delay",
+        "_pending_acks", "_outbox", "_outbox_bytes",
+    )
+
+    def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
+                 security: "Security | None", peer_ip: str, cert_cn: str | None) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.machine = ServerConnection(settings, clock.now())
+        self.security = security
+        self.peer = peer
+        self.peer_ip = peer_ip
+        self.cert_cn = cert_cn
+        self.transport = transport
+        self.client_id = ""
+        self.username: str | None = None
+        self.session: Session | None = None
+        self.acl: ClientAcl | None = None  # None: no ACL configured, everything allowed
+        self.acl_generation = 0
+        self.closing = False
+        self.pending_connect: Connect | None = None  # a CONNECT whose handshake must await
+        rate = security.settings.publish_rate if security is not None else 0.0
+        self._publish_bucket = TokenBucket(rate, max(1.0, rate)) if rate else None
+        self._rate_delay = 0.0  # seconds the reader pauses (publish_rate)
+        # Acks waiting for a sync or a remote node, in order; created on first use.
+        self._pending_acks: deque[tuple[int, AckGate | None, bytes]] | None = None
+        self._outbox: list[bytes] = []
+        self._outbox_bytes = 0
+
+    # -------------------------------------------------------------- to the I/O side
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError  # the I/O shell sends it
+
+    def _stop(self) -> None:
+        raise NotImplementedError  # the I/O shell ends its reader
+
+    @property
+    def protocol_level(self) -> int:
+        return self.machine.protocol_level
+
+    def close(self, reason: int | None = None) -> None:
+        """Close from the server side: the machine says what to send first (DISCONNECT
+        with `reason` on v5, or the CONNACK of a refused CONNECT)."""
+        if self.closing:
+            return
+        self.closing = True
+        data = self.machine.close(reason)
+        if data:
+            self.write(data)
+        self._stop()
+
+    def take_will(self) -> Will | None:
+        return self.machine.take_will()
+
+    # -------------------------------------------------------------- events
+
+    def handle_events(self, now: float) -> bool:
+        """Handle every event the machine has (`now`: wall clock, the broker's); True
+        when the connection must end. Stops at a CONNECT that must await (`pending_connect`)."""
+        machine = self.machine
+        while not self.closing:
+            event = machine.next_event()
+            if event is None:
+                return False
+            if type(event) is Publish:
+                self._on_publish(event, now)
+            elif type(event) is Puback or type(event) is Pubcomp:
+                self._on_ack(event.packet_id, now)
+            elif type(event) is Pubrec:
+                self._on_pubrec(event, now)
+            elif type(event) is PublishReleased:
+                if event.known:
+                    assert self.session is not None
+                    self.broker.qos2_released(self.session, event.packet_id)
+                self.write(machine.pubcomp(event.packet_id, event.known))
+            elif type(event) is PublishRepeated:
+                self.write(machine.pubrec(event.packet_id))  # taken already: not routed again
+            elif type(event) is Subscribe:
+                self._on_subscribe(event, now)
+            elif type(event) is Unsubscribe:
+                self._on_unsubscribe(event)
+            elif type(event) is Pingreq:
+                self.write(machine.pingresp())
+            elif type(event) is Disconnect:
+                if event.properties.session_expiry_interval is not None:
+                    assert self.session is not None
+                    self.broker.set_expiry(self.session, event.properties.session_expiry_interval)
+                self.closing = True
+            elif type(event) is Connect:
+                self.client_id, self.username = event.client_id, event.username
+                if not self.can_connect_now(event):
+                    self.pending_connect = event
+                    return False
+                if not (self.admit() and self.authorize(event, self.authenticate_now(event))):
+                    return True
+                self.open_session(event, now)
+            elif type(event) is ConnectRefused:
+                log.info("%s: CONNECT refused: %s (reason 0x%02X)", self.peer, event.message, event.reason_code)
+                self.close(event.reason_code)
+            elif type(event) is ProtocolViolation:
+                self._protocol_violation(event)
+        return True
+
+    def _protocol_violation(self, event: ProtocolViolation) -> None:
+        self.broker.stats.protocol_errors += 1
+        limit = _LIMIT_BY_REASON.get(event.reason_code)
+        if limit is not None and self.security is not None:
+            self.security.limits_hit[limit] += 1
+        log.info("%s: %s protocol violation: %s (reason 0x%02X); closing", self.peer, self.client_id or "(no CONNECT)",
+                 event.message, event.reason_code)
+        self.close(event.reason_code)
+
+    # -------------------------------------------------------------- CONNECT, in steps
+
+    def can_connect_now(self, c: Connect) -> bool:
+        """Whether no step of the handshake must await: no password hash to check (a
+        thread), no session to claim or fetch from another node."""
+        security = self.security
+        if security is not None and security.needs_hashing(c.username):
+            return False
+        cluster = self.broker.cluster
+        if cluster is None:
+            return True
+        return _handoff_is_noop(getattr(cluster, "handoffs", None), c.client_id, c.clean_start, _persistent(c))
+
+    def admit(self) -> bool:
+        """Connection limits (MQTT-3.2.2-7 reason codes; v3 return codes by the encoder)."""
+        security = self.security
+        if security is None:
+            return True
+        refusal = security.admit(self.peer_ip, self.broker.client_count(), self.clock.now())
+        if refusal is not None:
+            self.close(refusal)
+            return False
+        return True
+
+    def authenticate_now(self, c: Connect) -> "AuthResult | None":
+        security = self.security
+        return security.authenticate(c.username, c.password, self.peer_ip, self.cert_cn) if security is not None else None
+
+    def authorize(self, c: Connect, result: "AuthResult | None") -> bool:
+        """Authentication's verdict, then the client's ACL and the will's check against it."""
+        security = self.security
+        if security is None or result is None:
+            return True
+        if not result.ok:
+            self.close(result.reason_code)
+            return False
+        if result.username is not None:
+            self.username = result.username
+        self.acl = security.client_acl(self.username, c.client_id, self.peer_ip)
+        self.acl_generation = security.acl_generation
+        if c.will is not None and self.acl is not None and not self.acl.can_publish(c.will.topic):
+            security.denied("publish")
+            log.info("%s: %s refused: the will topic %r is not allowed by the ACL", self.peer, c.client_id, c.will.topic)
+            self.close(ReasonCode.NOT_AUTHORIZED)
+            return False
+        return True
+
+    def open_session(self, c: Connect, now: float) -> None:
+        """The session, CONNACK, and a resumed session's backlog."""
+        client_id = c.client_id
+        assigned = None
+        if not client_id:
+            client_id = self.client_id = assigned = self.broker.assign_client_id()
+        session, present = self.broker.open_session(self, c, client_id, now)
+        self.session = session
+        self.write(self.machine.accept(self.clock.now(), session_present=present, assigned_client_identifier=assigned,
+                                       response_information=f"meshd/response/{client_id}"))
+        log.debug("%s: %s connected (v%d, %s, session present=%s)", self.peer, client_id, c.protocol_level,
+                  self.transport, present)
+        if present:
+            self._resume(now)
+
+    # -------------------------------------------------------------- delivery
+
+    def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
+        """Send one delivery now, or queue it behind the inflight window."""
+        session = self.session
+        assert session is not None
+        if delivery.message.expired(now):
+            self.broker.stats.dropped_expired += 1
+            return
+        if self.closing:
+            # DISCONNECT is on its way: nothing may follow it on the wire (QoS >= 1
+            # waits in the session for the next connection).
+            if delivery.qos:
+                self.broker.enqueue(session, delivery)
+            return
+        if delivery.qos == 0:
+            if self._outbox_bytes > OUTBOX_LIMIT:
+                self.broker.stats.dropped_slow_consumer += 1
+                return
+            self._send_publish(delivery, None, False, now, cache)
+            return
+        if session.queued or self.machine.window_full:
+            self.broker.stats.window_full += 1
+            self.broker.enqueue(session, delivery)
+            return
+        pid = self.machine.allocate_packet_id()
+        self.broker.add_inflight(session, pid, delivery)
+        self._send_publish(delivery, pid, False, now, cache)
+
+    def _send_publish(self, d: Delivery, packet_id: int | None, dup: bool, now: float, cache: PublishCache | None) -> None:
+        machine = self.machine
+        data: bytes | None = None
+        key = None
+        if cache is not None and not machine.topic_alias_out_max:
+            key = (machine.protocol_level, d.qos, d.retain, d.subscription_ids)
+            data = cache.get(key)
+        if data is None:
+            msg = d.message
+            props = EMPTY_PROPERTIES
+            if machine.protocol_level == 5:
+                props = msg.properties
+                changes: dict[str, Any] = {}
+                if d.subscription_ids:
+                    changes["subscription_identifiers"] = d.subscription_ids
+                if msg.expires_at is not None:
+                    changes["message_expiry_interval"] = msg.remaining_expiry(now)
+                if changes:
+                    props = replace(props, **changes)
+            data = machine.publish(msg.topic, msg.payload, d.qos, d.retain, packet_id, props, dup)
+            if data is None:
+                self._drop_too_large(packet_id)
+                return
+            if key is not None and cache is not None:
+                cache[key] = data
+        else:
+            limit = machine.client_max_packet
+            if limit is not None and len(data) > limit:
+                machine.release_packet_id(packet_id or 0)
+                self._drop_too_large(packet_id)
+                return
+            if packet_id is not None:
+                data = patch_publish(data, packet_id=packet_id)
+        self.broker.stats.messages_out[d.qos] += 1
+        self.write(data)
+
+    def _drop_too_large(self, packet_id: int | None) -> None:
+        # MQTT-3.1.2-25: too big for this client: discard as if delivered.
+        self.broker.stats.dropped_too_large += 1
+        if packet_id is not None and self.session is not None:
+            self.broker.release_inflight(self.session, packet_id)
+
+    def _fill_window(self, now: float) -> None:
+        session = self.session
+        assert session is not None
+        if not session.queued:
+            return
+        queue = session.queue
+        broker = self.broker
+        machine = self.machine
+        while queue and not machine.window_full and not self.closing:
+            d = broker.dequeue(session)
+            if d.message.expired(now):
+                broker.release_dequeued(session, d)
+                broker.stats.dropped_expired += 1
+                continue
+            if d.qos == 0:
+                broker.release_dequeued(session, d)
+                self._send_publish(d, None, False, now, None)
+                continue
+            pid = machine.allocate_packet_id()
+            broker.add_inflight(session, pid, d)
+            self._send_publish(d, pid, False, now, None)
+
+    def _resume(self, now: float) -> None:
+        """Session resumed: resend unacknowledged PUBLISHes with DUP=1 and pending
+        PUBRELs, in their original order (MQTT-4.4.0-1), then drain the queue."""
+        session = self.session
+        assert session is not None
+        machine = self.machine
+        machine.resume_qos2(session.qos2_in)
+        for pid, entry in session.inflight.items():
+            machine.resume_inflight(pid, entry.state == "pubrel")
+        for pid, entry in list(session.inflight.items()):
+            if entry.state == "pubrel":
+                self.write(machine.pubrel(pid))
+            elif entry.delivery.message.expired(now):
+                self.broker.release_inflight(session, pid)
+                machine.release_packet_id(pid)
+                self.broker.stats.dropped_expired += 1
+            else:
+                self._send_publish(entry.delivery, pid, True, now, None)
+        self._fill_window(now)
+
+    # -------------------------------------------------------------- handlers
+
+    def _on_publish(self, p: Publish, now: float) -> None:
+        broker = self.broker
+        machine = self.machine
+        qos = p.qos
+        pid = p.packet_id or 0
+        if self.security is not None:
+            refusal = self._publish_refusal(p.topic)
+            if refusal is not None:
+                # v5 says why on QoS 1/2; v3 has no negative ack: the message is dropped.
+                if qos == 1:
+                    self.write(machine.puback(pid, refusal))
+                elif qos == 2:
+                    self.write(machine.pubrec(pid, refusal))
+                return
+        store = broker.store
+        epoch_before = store.write_epoch
+        msg = broker.make_message(p.topic, p.payload, qos, p.retain, p.properties, self.client_id, now)
+        # In a cluster the ack also waits for the nodes the message was forwarded to.
+        gate = AckGate() if qos and broker.cluster is not None else None
+        matched = broker.publish(msg, now, gate=gate)
+        if qos == 0:
+            return
+        rc = ReasonCode.SUCCESS if matched or machine.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
+        if qos == 1:
+            ack = machine.puback(pid, rc)
+        else:
+            assert self.session is not None
+            broker.qos2_received(self.session, pid)
+            ack = machine.pubrec(pid, rc)
+        self._send_ack(ack, epoch_before, gate if gate is not None and gate.waiting else None)
+
+    def _send_ack(self, ack: bytes, epoch_before: int, gate: AckGate | None = None) -> None:
+        """Principle 6: acknowledge only once what the acknowledged packet wrote to the
+        store is synced (in `sync` durability). Acks leave in the order of the packets
+        they answer (MQTT-4.6.0-2), so once one waits, later ones queue behind it."""
+        broker = self.broker
+        store = broker.store
+        wait_for = store.write_epoch if broker.acks_wait_for_sync and store.write_epoch != epoch_before else 0
+        if self._pending_acks or wait_for > store.durable_epoch or gate is not None:
+            if self._pending_acks is None:
+                self._pending_acks = deque()
+            self._pending_acks.append((wait_for, gate, ack))
+            broker.ack_waiters.add(self)
+        else:
+            self.write(ack)
+
+    def release_acks(self, durable_epoch: int) -> bool:
+        """Send the acks that no longer wait (durable here, acknowledged by the nodes
+        they were forwarded to); True when none are left."""
+        pending = self._pending_acks
+        if pending is None:
+            return True
+        while pending:
+            epoch, gate, ack = pending[0]
+            if epoch > durable_epoch or (gate is not None and gate.waiting > 0):
+                break
+            pending.popleft()
+            self.write(ack)
+        return not pending
+
+    def _publish_refusal(self, topic: str) -> int | None:
+        """Limits and ACL for one PUBLISH: a reason code to refuse it with, or None."""
+        security = self.security
+        assert security is not None
+        bucket = self._publish_bucket
+        if bucket is not None:
+            now = self.clock.now()
+            if not bucket.take(now):
+                # Over publish_rate: slow the reader down instead of refusing (back-pressure).
+                security.limits_hit["publish_rate"] += 1
+                self._rate_delay = bucket.delay_until_available(now)
+        if topic.count("/") >= security.settings.max_topic_levels:
+            security.limits_hit["max_topic_levels"] += 1
+            return ReasonCode.TOPIC_NAME_INVALID
+        if security.refuse_during_netsplit("publish"):
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        self._refresh_acl()
+        if self.acl is not None and not self.acl.can_publish(topic):
+            security.denied("publish")
+            log.debug("%s: %s may not publish to %r", self.peer, self.client_id, topic)
+            return ReasonCode.NOT_AUTHORIZED
+        return None
+
+    def _refresh_acl(self) -> None:
+        """Rules changed (SIGHUP, file edit, cluster-wide set): recompile this client's."""
+        security = self.security
+        assert security is not None
+        if self.acl_generation != security.acl_generation:
+            self.acl = security.client_acl(self.username, self.client_id, self.peer_ip)
+            self.acl_generation = security.acl_generation
+
+    def _subscribe_refusal(self, topic_filter: str) -> int | None:
+        security = self.security
+        session = self.session
+        assert security is not None and session is not None
+        if topic_filter.count("/") >= security.settings.max_topic_levels:
+            security.limits_hit["max_topic_levels"] += 1
+            return ReasonCode.TOPIC_FILTER_INVALID
+        if topic_filter not in session.subscriptions and len(session.subscriptions) >= security.settings.max_subscriptions_per_client:
+            security.limits_hit["max_subscriptions_per_client"] += 1
+            return ReasonCode.QUOTA_EXCEEDED
+        if security.refuse_during_netsplit("subscribe"):
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        self._refresh_acl()
+        if self.acl is not None and not self.acl.can_subscribe(topic_filter):
+            security.denied("subscribe")
+            log.debug("%s: %s may not subscribe to %r", self.peer, self.client_id, topic_filter)
+            return ReasonCode.NOT_AUTHORIZED
+        return None
+
+    def _on_ack(self, packet_id: int, now: float) -> None:
+        session = self.session
+        assert session is not None
+        if self.broker.release_inflight(session, packet_id):
+            self._fill_window(now)
+
+    def _on_pubrec(self, p: Pubrec, now: float) -> None:
+        session = self.session
+        assert session is not None
+        entry = session.inflight.get(p.packet_id)
+        if entry is not None and p.reason_code >= 0x80:
+            # The receiver refused the message: the exchange ends here.
+            self.broker.release_inflight(session, p.packet_id)
+            self._fill_window(now)
+            return
+        if entry is not None and entry.state != "pubrel":
+            self.broker.mark_pubrel(session, p.packet_id, entry)
+        data = self.machine.pubrel(p.packet_id)  # 0x92 on v5 for an id not inflight
+        if data:
+            self.write(data)
+
+    def _on_subscribe(self, p: Subscribe, now: float) -> None:
+        session = self.session
+        assert session is not None
+        sub_id = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
+        codes: list[int] = []
+        retained: list[Delivery] = []
+        epoch_before = self.broker.store.write_epoch
+        for sub in p.subscriptions:
+            refusal = self._subscribe_refusal(sub.topic_filter) if self.security is not None else None
+            if refusal is not None:
+                codes.append(refusal)
+                continue
+            code, found = self.broker.subscribe(session, sub, sub_id, now)
+            codes.append(code)
+            retained.extend(found)
+        self._send_ack(self.machine.suback(p.packet_id, codes), epoch_before)
+        for d in retained:
+            self.deliver(d, now)
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        epoch_before = self.broker.store.write_epoch
+        codes = [
+            ReasonCode.SUCCESS if self.broker.unsubscribe(session, f) else ReasonCode.NO_SUBSCRIPTION_EXISTED
+            for f in p.topic_filters
+        ]
+        self._send_ack(self.machine.unsuback(p.packet_id, codes), epoch_before)
+
+
+def _persistent(c: Connect) -> bool:
+    return (c.properties.session_expiry_interval or 0) > 0 if c.protocol_level == 5 else not c.clean_start
+
+
+def _handoff_is_noop(handoffs: Any, client_id: str, clean_start: bool, persistent: bool) -> bool:
+    """Whether the CONNECT can be answered without awaiting the session handoff."""
+    return handoffs is not None and bool(handoffs.connect_is_local(client_id, clean_start, persistent))

@@ -1,0 +1,41 @@
+"""What the broker calls on a connected client: the one seam between `mesh.broker` and
+`mesh.connection` (the broker never imports the connection class)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from mqtt import Will
+from session_store.model import Delivery, Session
+
+
+# The bytes of one message already encoded for a publish's subscribers, by what makes
+# them differ: (protocol level, QoS, retain flag, subscription identifiers).
+PublishCache = dict[tuple[int, int, bool, tuple[int, ...]], bytes]
+
+
+class ClientPort(Protocol):
+    @property
+    def session(self) -> Session | None:
+        """The session this client is attached to (None before its CONNECT is accepted)."""
+        ...
+
+    @property
+    def protocol_level(self) -> int: ...
+
+    def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
+        """Send now, or queue behind the client's inflight window. `cache` holds the
+        bytes already encoded for this message, shared by the subscribers of one publish."""
+        ...
+
+    def close(self, reason: int | None = None) -> None:
+        """End the connection from the server side (DISCONNECT `reason` on v5)."""
+        ...
+
+    def take_will(self) -> Will | None:
+        """The will, which the client then no longer has."""
+        ...
+
+    def release_acks(self, durable_epoch: int) -> bool:
+        """Send the acknowledgements that no longer wait; True when none are left."""
+        ...
