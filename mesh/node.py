@@ -30,8 +30,6 @@ from typing import Any, Callable
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
-from clock import TrioClock
-
 from mesh import __version__
 from mesh.api import build_router
 from mesh.http_api import serve_http
