@@ -80,8 +80,6 @@ class BrokerStats:
 
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
 
-# Properties of an inbound PUBLISH that are per-hop and never forwarded.
-_PER_HOP = {"topic_alias": None, "subscription_identifiers": ()}
 
 
 class Broker:
@@ -116,6 +114,10 @@ class Broker:
         # Sessions started while their owner was unreachable: the identities of what
         # they were given, so a copy merged in later does not bring those back twice.
         self.remembered: dict[str, set[tuple[str | None, int]]] = {}
+
+    def set_limits(self, limits: BrokerLimits) -> None:
+        """Cluster settings changed at run time (mesh.config_sync)."""
+        self.limits = limits
 
     # ------------------------------------------------------------------ connect
 
@@ -355,7 +357,8 @@ class Broker:
             if properties.message_expiry_interval is not None:
                 expires_at = now + properties.message_expiry_interval
             if properties.topic_alias is not None or properties.subscription_identifiers:
-                properties = replace(properties, **_PER_HOP)
+                # Per hop: an inbound PUBLISH's alias and subscription ids are never forwarded.
+                properties = replace(properties, topic_alias=None, subscription_identifiers=())
         return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids), self.node_id)
 
     def publish(self, msg: Message, now: float, *, internal: bool = False, gate: Any = None) -> int:
@@ -440,11 +443,11 @@ class Broker:
                     continue
                 self._merge_target(targets, session, options, msg)
         for group, real_filter in shared_keys:
-            session = self._pick_shared(group, real_filter)
-            if session is None:
+            member = self._pick_shared(group, real_filter)
+            if member is None:
                 continue
-            options = session.subscriptions[f"$share/{group}/{real_filter}"]
-            self._merge_target(targets, session, options, msg)
+            options = member.subscriptions[f"$share/{group}/{real_filter}"]
+            self._merge_target(targets, member, options, msg)
         for session, qos, retain, sub_ids in targets.values():
             self.deliver(session, Delivery(msg, qos, retain, tuple(sub_ids)), now, cache)
         return len(targets)

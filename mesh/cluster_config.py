@@ -11,7 +11,7 @@ of arrival converges to one value per key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from mesh.config import SETTINGS_BY_NAME, ConfigError
 from clock.hlc import HlcTimestamp, HybridLogicalClock
@@ -29,33 +29,40 @@ CLUSTER_KEYS: tuple[str, ...] = (
 )
 
 
+# What a cluster setting holds: a parsed number or flag, a log level, the ACL's TOML.
+ClusterValue = int | bool | str
+
+
 @dataclass(frozen=True, slots=True)
 class Register:
     key: str
-    value: Any
+    value: ClusterValue
     stamp: HlcTimestamp
 
     @property
     def origin(self) -> str:
         return self.stamp.node
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
         return [self.key, self.value, self.stamp.to_wire()]
 
     @classmethod
     def from_wire(cls, data: object) -> "Register":
-        key, value, stamp = data  # type: ignore[misc]
-        if key not in CLUSTER_KEYS:
+        """From `[key, value, stamp]`; ValueError/TypeError/ConfigError if malformed."""
+        if not isinstance(data, (list, tuple)) or len(data) != 3:
+            raise ValueError(f"a config register is [key, value, stamp], not {data!r}")
+        key, value, stamp = data
+        if not isinstance(key, str) or key not in CLUSTER_KEYS:
             raise ValueError(f"unknown cluster setting {key!r}")
         # Values from peers go through the same validation as local ones.
         return cls(key, parse_value(key, value), HlcTimestamp.from_wire(stamp))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"key": self.key, "value": self.value, "origin": self.origin,
                 "hlc": {"wall_ms": self.stamp.wall_ms, "logical": self.stamp.logical}}
 
 
-def parse_value(key: str, raw: object) -> Any:
+def parse_value(key: str, raw: object) -> ClusterValue:
     if key not in CLUSTER_KEYS:
         allowed = ", ".join(CLUSTER_KEYS)
         raise ConfigError(key, f"not a cluster setting (cluster settings: {allowed})")
@@ -69,7 +76,9 @@ def parse_value(key: str, raw: object) -> Any:
         except AclError as exc:
             raise ConfigError("acl", str(exc)) from None
         return raw
-    return SETTINGS_BY_NAME[key].kind.parse(key, raw)
+    value = SETTINGS_BY_NAME[key].kind.parse(key, raw)
+    assert isinstance(value, (int, bool, str)), f"{key} parses to {value!r}"
+    return value
 
 
 class ClusterConfig:
@@ -99,5 +108,5 @@ class ClusterConfig:
     def get(self, key: str) -> Register | None:
         return self.registers.get(key)
 
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, ClusterValue]:
         return {k: r.value for k, r in self.registers.items()}

@@ -124,7 +124,11 @@ class Kind:
     """Parses a raw value (text from a flag or env, or a TOML value)."""
 
     metavar = "VALUE"
-    expected = "a value"
+
+    @property
+    def expected(self) -> str:
+        """What a valid raw value looks like, for error messages and --help."""
+        return "a value"
 
     def parse(self, key: str, raw: object) -> Any:
         raise NotImplementedError
@@ -142,7 +146,7 @@ class Str(Kind):
     metavar: str = "TEXT"
 
     @property
-    def expected(self) -> str:  # type: ignore[override]
+    def expected(self) -> str:
         if self.choices:
             return "one of " + ", ".join(self.choices)
         return self.pattern_help or "text"
@@ -194,7 +198,7 @@ class Int(Kind):
     metavar: str = "N"
 
     @property
-    def expected(self) -> str:  # type: ignore[override]
+    def expected(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
         if self.lo is not None and self.hi is not None:
             return f"an integer {self.lo}..{self.hi}{unit}"
@@ -228,7 +232,7 @@ class Float(Kind):
     metavar: str = "SECONDS"
 
     @property
-    def expected(self) -> str:  # type: ignore[override]
+    def expected(self) -> str:
         op = ">=" if self.lo_inclusive else ">"
         return f"a number {op} {self.lo:g} ({self.unit})"
 
@@ -259,7 +263,7 @@ class Addr(Kind):
     metavar: str = "HOST:PORT"
 
     @property
-    def expected(self) -> str:  # type: ignore[override]
+    def expected(self) -> str:
         return "HOST:PORT or off" if self.can_disable else "HOST:PORT"
 
     def parse(self, key: str, raw: object) -> Any:

@@ -8,33 +8,52 @@ push-pull, traced as `config_set`, and applied to the running node without a res
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Mapping, Protocol
 
+from clock import Clock
+from mesh.broker import BrokerLimits
 from mesh.cluster_config import ClusterConfig, Register
 from mesh.config import ConfigError
-
-if TYPE_CHECKING:
-    from gossip.service import GossipService
-    from gossip.trace import NullTraceWriter, TraceWriter
-    from mesh.broker import Broker
-    from mesh.security import Security
-    from session_store.store import SessionStore
 
 log = logging.getLogger("meshd.config")
 
 META_PREFIX = "config/"
+_LIMIT_NAMES = frozenset(f.name for f in fields(BrokerLimits))
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
+class ConfigGossip(Protocol):
+    def broadcast(self, kind: str, key: str, payload: object) -> None: ...
+    def on_broadcast(self, kind: str, handler: Callable[[str, object], None]) -> None: ...
+    def register_push_pull(self, name: str, get_local: Callable[[], object],
+                           merge_remote: Callable[[object], None]) -> None: ...
+
+
+class MetaStore(Protocol):
+    def put_meta(self, key: str, value: Any) -> None: ...
+
+
+class Tracer(Protocol):
+    def emit(self, **fields: Any) -> None: ...
+
+
+class LimitsHolder(Protocol):
+    """The broker, as far as cluster settings change it."""
+
+    @property
+    def limits(self) -> BrokerLimits: ...
+    def set_limits(self, limits: BrokerLimits) -> None: ...
+
+
+class AclHolder(Protocol):
+    def set_cluster_acl(self, toml_text: str) -> None: ...
 
 
 class ConfigSync:
-    def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService", store: "SessionStore",
-                 trace: "TraceWriter | NullTraceWriter", recovered_meta: dict[str, Any], security: "Security") -> None:
+    def __init__(self, *, node_id: str, clock: Clock, broker: LimitsHolder, gossip: ConfigGossip, store: MetaStore,
+                 trace: Tracer, recovered_meta: Mapping[str, object], security: AclHolder) -> None:
         self.node_id = node_id
+        self.clock = clock
         self.security = security
         self.broker = broker
         self.store = store
@@ -49,14 +68,17 @@ class ConfigSync:
                 except (ConfigError, TypeError, ValueError) as exc:
                     log.error("ignoring stored config %s: %s", name, exc)
                     continue
-                if self.config.merge(register, _wall_ms()):
+                if self.config.merge(register, self._wall_ms()):
                     self._apply(register)
         gossip.on_broadcast("config", self._on_broadcast)
         gossip.register_push_pull("config", self._local_state, self._merge_state)
 
+    def _wall_ms(self) -> int:
+        return int(self.clock.wall() * 1000)
+
     def set(self, key: str, raw: object) -> Register:
         """Change a cluster setting here; raises ConfigError (naming the key) if refused."""
-        register = self.config.set(key, raw, _wall_ms())
+        register = self.config.set(key, raw, self._wall_ms())
         self._take(register, hops=0)
         self.gossip.broadcast("config", key, register.to_wire())
         return register
@@ -74,7 +96,7 @@ class ConfigSync:
             self.malformed += 1
             log.warning("dropping a config change from %s: %s", origin, exc)
             return
-        if self.config.merge(register, _wall_ms()):
+        if self.config.merge(register, self._wall_ms()):
             self._take(register, hops=1)
 
     def _local_state(self) -> object:
@@ -91,19 +113,22 @@ class ConfigSync:
         self.store.put_meta(META_PREFIX + register.key, register.to_wire())
         stamp = register.stamp
         self.trace.emit(
-            ts_us=int(time.time() * 1_000_000), kind="config_set", subject=register.key, origin=register.origin,
+            ts_us=int(self.clock.wall() * 1_000_000), kind="config_set", subject=register.key, origin=register.origin,
             origin_ts_us=stamp.wall_ms * 1000, event_id=f"{register.origin}:config:{register.key}:{stamp.wall_ms}.{stamp.logical}",
             hops=hops,
         )
         self._apply(register)
-        shown = f"{len(register.value)} bytes of TOML" if register.key == "acl" else repr(register.value)
+        value = register.value
+        shown = f"{len(value)} bytes of TOML" if register.key == "acl" and isinstance(value, str) else repr(value)
         log.info("cluster setting %s = %s (from %s, HLC %s)", register.key, shown, register.origin, stamp)
 
     def _apply(self, register: Register) -> None:
         key, value = register.key, register.value
         if key == "acl":
+            assert isinstance(value, str)  # parse_value checked it
             self.security.set_cluster_acl(value)
         elif key == "log_level":
-            logging.getLogger().setLevel(value.upper())
-        elif key in {f.name for f in fields(self.broker.limits)}:
-            self.broker.limits = replace(self.broker.limits, **{key: value})
+            logging.getLogger().setLevel(str(value).upper())
+        elif key in _LIMIT_NAMES:
+            changes: dict[str, Any] = {key: value}  # a BrokerLimits field, its value parsed for it
+            self.broker.set_limits(replace(self.broker.limits, **changes))

@@ -27,10 +27,8 @@ class LineFormatter(logging.Formatter):
     tools can split on newlines; a traceback follows on indented lines.
     """
 
-    converter = time.gmtime
-
     def format(self, record: logging.LogRecord) -> str:
-        t = self.converter(record.created)
+        t = time.gmtime(record.created)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
         message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
         line = f"{stamp} {record.levelname} {record.name}: {message}"
@@ -44,7 +42,7 @@ class LineFormatter(logging.Formatter):
         return line
 
 
-class _MeshdHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _MeshdHandler(logging.StreamHandler[TextIO]):
     """Marks the handler we installed, so a second setup replaces it."""
 
 

@@ -24,12 +24,12 @@ import os
 import math
 import signal
 import socket
-import time
 from typing import Any, Callable
 
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
+from clock import Clock, TrioClock
 from mesh import __version__
 from mesh.api import build_router
 from mesh.http_api import serve_http
@@ -40,7 +40,7 @@ from mesh.connection import ClientConnection
 from mesh.streams import SocketByteStream
 from mesh.parking import ParkingLot
 from mqtt import ReasonCode
-from mesh.sys_topics import publish_sys
+from mesh.sys_topics import SysPublisher
 from mesh.ws import WebSocketByteStream, accept_mqtt
 from gossip.service import GossipService
 from mesh.config_sync import ConfigSync
@@ -52,7 +52,6 @@ from netsplit.detector import detector_for
 from netsplit.monitor import PartitionMonitor
 from netsplit.view import PartitionView
 from gossip.config import preset as gossip_preset
-from clock import TrioClock
 from session_store.rocks import RocksStore, StoreOpenError
 
 log = logging.getLogger("meshd.node")
@@ -84,16 +83,16 @@ def _first_oserror(exc: BaseException) -> OSError | None:
 
 
 class Node:
-    def __init__(self, settings: Settings, node_id: str | None = None) -> None:
+    def __init__(self, settings: Settings, node_id: str | None = None, *, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock: Clock = clock if clock is not None else TrioClock()
         self.node_id = node_id or resolve_node_id(settings)
-        self.security = Security(settings)
+        self.security = Security(settings, clock=self.clock)
         store_path = os.path.join(settings.data_dir, "sessions")
         try:
             self.store = RocksStore(store_path)
         except StoreOpenError as exc:
             raise ConfigError("data_dir", str(exc)) from None
-        self.clock = TrioClock()
         self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store, clock=self.clock)
         self._store_dirty = trio.Event()
         self.store.on_dirty = lambda: self._store_dirty.set()
@@ -102,14 +101,14 @@ class Node:
         # versions for old news (routing.table).
         self.route_epoch = int(recovered.meta.get("route_epoch", 0)) + 1
         self.store.put_meta("route_epoch", self.route_epoch)
-        self.broker.restore(recovered, time.time())
-        self.started_at = time.time()
+        self.started_at = self.clock.wall()
+        self.broker.restore(recovered, self.started_at)
         self.trace: TraceWriter | NullTraceWriter = (
             TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
         )
         # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
         gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
-        partition_view = PartitionView(detector_for(self.node_id, gossip_config), clock=TrioClock())
+        partition_view = PartitionView(detector_for(self.node_id, gossip_config), clock=self.clock)
         self.gossip = GossipService(
             node_id=self.node_id,
             bind_host=settings.gossip.host,
@@ -121,10 +120,10 @@ class Node:
             trace=self.trace,
             config=gossip_config,
             advertise_host=settings.gossip_advertise,
-            clock=TrioClock(),
+            clock=self.clock,
             partitions=partition_view,
         )
-        self.partitions = PartitionMonitor(partition_view, self.gossip, self.trace, clock=TrioClock())
+        self.partitions = PartitionMonitor(partition_view, self.gossip, self.trace, clock=self.clock)
         self.security.in_minority = self.partitions.in_minority
         self.cluster = Cluster(
             node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
@@ -133,9 +132,11 @@ class Node:
             held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
         )
         self.config_sync = ConfigSync(
-            node_id=self.node_id, broker=self.broker, gossip=self.gossip, store=self.store, trace=self.trace,
-            recovered_meta=recovered.meta, security=self.security,
+            node_id=self.node_id, clock=self.clock, broker=self.broker, gossip=self.gossip, store=self.store,
+            trace=self.trace, recovered_meta=recovered.meta, security=self.security,
         )
+        self.sys = SysPublisher(broker=self.broker, clock=self.clock, interval=settings.sys_interval, uptime=self.uptime,
+                                gossip=self.gossip, cluster=self.cluster, partitions=self.partitions)
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()
         self._timer_wake = trio.Event()
@@ -147,7 +148,7 @@ class Node:
         self._shutdown.set()
 
     def uptime(self) -> float:
-        return time.time() - self.started_at
+        return self.clock.wall() - self.started_at
 
     async def serve(self, *, task_status: trio.TaskStatus[dict[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
@@ -178,8 +179,7 @@ class Node:
                 services.start_soon(self._timer_loop)
                 services.start_soon(self.security.watch_files)
                 services.start_soon(self._commit_loop)
-                if s.sys_interval > 0:
-                    services.start_soon(self._sys_loop)
+                services.start_soon(self.sys.run)
                 log.info(
                     "node %s (meshd %s) listening: %s",
                     self.node_id, __version__,
@@ -199,7 +199,7 @@ class Node:
             for conn in lot.stop():  # parked before their CONNECT
                 conn.on_lot_closed()
             log.info("disconnected %d clients (0x8B server shutting down)", clients)
-            connections.cancel_scope.deadline = trio.current_time() + s.shutdown_timeout
+            connections.cancel_scope.deadline = self.clock.now() + s.shutdown_timeout
         with trio.CancelScope(shield=True):
             await self._commit_pending()
         self.store.close()
@@ -358,10 +358,11 @@ class Node:
             deadline = broker.next_deadline()
             self._timer_wake = trio.Event()
             broker.on_timer_change = self._timer_wake.set
-            delay = math.inf if deadline is None else max(0.0, deadline - time.time())
+            # The broker's deadlines are wall times (session expiry outlives a restart).
+            delay = math.inf if deadline is None else max(0.0, deadline - self.clock.wall())
             with trio.move_on_after(delay):
                 await self._timer_wake.wait()
-            broker.handle_timers(time.time())
+            broker.handle_timers(self.clock.wall())
 
     async def _commit_loop(self) -> None:
         """Group commit: one store batch per round, written off the Trio thread.
@@ -382,13 +383,13 @@ class Node:
         while True:
             await self._store_dirty.wait()
             self._store_dirty = trio.Event()
-            due = trio.current_time() + tick
+            due = self.clock.now() + tick
             while store.has_pending():
                 if tick:
                     # Changes made while a batch was written wait for the next tick; the
                     # grid does not drift by the time the writes take.
                     await trio.sleep_until(due)
-                    due = max(due + tick, trio.current_time())
+                    due = max(due + tick, self.clock.now())
                 # A batch once taken must reach the disk: shutdown must not cancel it midway.
                 with trio.CancelScope(shield=True):
                     await self._commit_once(hold)
@@ -406,11 +407,6 @@ class Node:
         if epoch > store.durable_epoch:
             store.mark_durable(epoch)
             self.broker.on_durable()
-
-    async def _sys_loop(self) -> None:
-        while True:
-            publish_sys(self.broker, self.uptime(), time.time())
-            await trio.sleep(self.settings.sys_interval)
 
 
 def _peer_of(stream: trio.SocketStream) -> tuple[str, str]:

@@ -13,11 +13,11 @@ import dataclasses
 import ipaddress
 import logging
 import ssl
-import time
 from typing import Any, Callable
 
 import trio
 
+from clock import Clock
 from mesh.acl import Acl, AclError, AclFile, ClientAcl
 from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning
 from mesh.config import ConfigError, Settings
@@ -32,8 +32,9 @@ LIMITS = ("max_connections", "connection_rate", "memory_limit", "max_subscriptio
 
 
 class Security:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, clock: Clock) -> None:
         self.settings = settings
+        self.clock = clock
         try:
             self.authn = Authenticator(settings.allow_anonymous, settings.password_file)
         except (PasswordFileError, OSError) as exc:
@@ -129,9 +130,16 @@ class Security:
         return bool(username) and self.authn.passwords is not None
 
     def authenticate(self, username: str | None, password: bytes | None, peer_ip: str, cert_cn: str | None) -> AuthResult:
+        """Decide a CONNECT's credentials; may run in a worker thread (`needs_hashing`)."""
         if self.settings.tls_cn_as_username and cert_cn is not None:
             return self.authn.accept_certificate(cert_cn, peer_ip)
-        return self.authn.check(username, password, peer_ip, time.monotonic())
+        return self.authn.check(username, password, peer_ip, self._now())
+
+    def _now(self) -> float:
+        # The clock is the Trio run's: a worker thread asks the Trio thread for it.
+        if trio.lowlevel.in_trio_run():
+            return self.clock.now()
+        return trio.from_thread.run_sync(self.clock.now)
 
     def client_acl(self, username: str | None, client_id: str, peer_ip: str) -> ClientAcl | None:
         """The client's compiled rules, or None when no ACL is configured (allow all)."""

@@ -1,18 +1,63 @@
 """`$SYS/broker/...` topics: the broker's own numbers, published retained every
-`sys_interval` seconds (Mosquitto's names where they exist)."""
+`sys_interval` seconds (Mosquitto's names where they exist), and `$SYS/mesh/...`: the
+cluster as this node sees it."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol, Sized
 
+import trio
+
+from clock import Clock
 from mesh import __version__
+from mesh.broker import BrokerStats
+from mqtt import EMPTY_PROPERTIES, Properties
+from session_store.model import Message
 
-if TYPE_CHECKING:
-    from mesh.broker import Broker
+
+class SysBroker(Protocol):
+    """The broker, as `$SYS` reads it and publishes through it."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def stats(self) -> BrokerStats: ...
+    @property
+    def sessions(self) -> Sized: ...
+    @property
+    def retained(self) -> Sized: ...
+    def client_count(self) -> int: ...
+    def subscription_count(self) -> int: ...
+    def make_message(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
+                     publisher: str | None, now: float) -> Message: ...
+    def publish(self, msg: Message, now: float, *, internal: bool = False) -> int: ...
 
 
-def sys_values(broker: "Broker", uptime_s: float) -> list[tuple[str, str]]:
+class MemberList(Protocol):
+    def members(self) -> list[dict[str, Any]]: ...
+
+
+class RouteCount(Protocol):
+    def route_count(self) -> int: ...
+
+
+class ForwardCounts(Protocol):
+    """The cluster, as `$SYS/mesh` reads it."""
+
+    @property
+    def table(self) -> RouteCount: ...
+    @property
+    def forwarded_out(self) -> int: ...
+    @property
+    def forwarded_in(self) -> int: ...
+
+
+class PartitionView(Protocol):
+    def snapshot(self) -> dict[str, Any]: ...
+
+
+def sys_values(broker: SysBroker, uptime_s: float) -> list[tuple[str, str]]:
     stats = broker.stats
     return [
         ("$SYS/broker/version", f"meshd {__version__}"),
@@ -27,36 +72,56 @@ def sys_values(broker: "Broker", uptime_s: float) -> list[tuple[str, str]]:
         ("$SYS/broker/bytes/sent", str(stats.bytes_out)),
         ("$SYS/broker/subscriptions/count", str(broker.subscription_count())),
         ("$SYS/broker/retained messages/count", str(len(broker.retained))),
-    ] + mesh_values(broker)
+    ]
 
 
-def mesh_values(broker: "Broker") -> list[tuple[str, str]]:
+def mesh_values(gossip: MemberList, cluster: ForwardCounts, partitions: PartitionView) -> list[tuple[str, str]]:
     """`$SYS/mesh/...`: the cluster as this node sees it."""
-    cluster = broker.cluster
-    if cluster is None:
-        return []
-    members = cluster.gossip.members()
-    alive = [m["id"] for m in members if m["state"] == "alive"]
-    out = [
+    alive = [m["id"] for m in gossip.members() if m["state"] == "alive"]
+    return [
         ("$SYS/mesh/members", json.dumps(sorted(alive))),
         ("$SYS/mesh/members/count", str(len(alive))),
         ("$SYS/mesh/routes/count", str(cluster.table.route_count())),
         ("$SYS/mesh/messages/forwarded", str(cluster.forwarded_out)),
         ("$SYS/mesh/messages/received", str(cluster.forwarded_in)),
+        ("$SYS/mesh/partitions", json.dumps(partitions_value(partitions.snapshot()))),
     ]
-    monitor = getattr(cluster.gossip, "partitions", None)
-    if monitor is not None:
-        out.append(("$SYS/mesh/partitions", json.dumps(partitions_value(monitor.snapshot()))))
-    return out
 
 
-def partitions_value(snapshot: dict) -> dict:
+def partitions_value(snapshot: dict[str, Any]) -> dict[str, Any]:
     """`$SYS/mesh/partitions`: the API's cluster view without the member list."""
     return {k: v for k, v in snapshot.items() if k not in ("members", "node_id")}
 
 
-def publish_sys(broker: "Broker", uptime_s: float, now: float) -> None:
-    from mqtt import EMPTY_PROPERTIES
+class SysPublisher:
+    """Publishes `$SYS` retained through the broker, every `interval` seconds from the
+    first round at start-up (0: never)."""
 
-    for topic, value in sys_values(broker, uptime_s):
-        broker.publish(broker.make_message(topic, value.encode(), 0, True, EMPTY_PROPERTIES, None, now), now, internal=True)
+    def __init__(self, *, broker: SysBroker, clock: Clock, interval: float, uptime: Callable[[], float],
+                 gossip: MemberList, cluster: ForwardCounts, partitions: PartitionView) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.interval = interval
+        self.uptime = uptime
+        self.gossip = gossip
+        self.cluster = cluster
+        self.partitions = partitions
+
+    def values(self) -> list[tuple[str, str]]:
+        return sys_values(self.broker, self.uptime()) + self.mesh_values()
+
+    def mesh_values(self) -> list[tuple[str, str]]:
+        return mesh_values(self.gossip, self.cluster, self.partitions)
+
+    def publish_once(self) -> None:
+        broker = self.broker
+        now = self.clock.wall()
+        for topic, value in self.values():
+            broker.publish(broker.make_message(topic, value.encode(), 0, True, EMPTY_PROPERTIES, None, now), now, internal=True)
+
+    async def run(self) -> None:
+        if self.interval <= 0:
+            return
+        while True:
+            self.publish_once()
+            await trio.sleep(self.interval)

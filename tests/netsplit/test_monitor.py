@@ -13,7 +13,6 @@ import trio.testing
 from clock import TrioClock
 from gossip.config import LOCAL
 from mesh.http_client import request_json
-from mesh.sys_topics import mesh_values
 from netsplit.detector import detector_for
 from netsplit.monitor import PartitionMonitor
 from netsplit.view import PartitionView
@@ -121,7 +120,7 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
         # of {ghost, solo} each holds half: the side with the smallest id ("ghost") has it
         assert request_json(http, "GET", "/api/v1/cluster")[1]["minority"] is True
 
-        sys = dict(node.call(mesh_values, node.node.broker))  # type: ignore[union-attr]
+        sys = dict(node.call(node.node.sys.mesh_values))  # type: ignore[union-attr]
         value = json.loads(sys["$SYS/mesh/partitions"])
         assert value["partitioned"] is True and value["partitions"][0]["remote"] == ["ghost"]
 
