@@ -22,7 +22,7 @@ from . import dissemination, failures, handoffs, lifetimes, partitions, summary
 from .errors import ReportError
 from .load import load_traces
 from .render import PlotData, render_report
-from .stats import APPROX_ACCURACY, EXACT_LIMIT, Method, choose_method
+from .stats import APPROX_ACCURACY, EXACT_LIMIT, Method, choose_method, one_row
 
 FORMATS = ("html", "json", "csv", "parquet")
 DEFAULT_FORMATS = ("html", "json", "csv")
@@ -99,7 +99,7 @@ def run_report(
     # Local mode reads local JSON through pyarrow into a scratch folder that must
     # outlive the cached frames (Spark may re-read evicted blocks).
     scratch = None
-    if spark.sparkContext.master.startswith("local"):
+    if (spark.sparkContext.master or "").startswith("local"):
         scratch = tempfile.TemporaryDirectory(prefix="meshd-report-")
     try:
         return _run(spark, paths, out, formats, crash_grace_us, progress, exact_limit,
@@ -130,9 +130,9 @@ def _run(
         life = lifetimes.node_lifetimes(traces, crash_grace_us).cache()
         heads = dissemination.alive_counts(traces, life).cache()
         obs = dissemination.observations(traces, life, heads).cache()
-        span = traces.agg(
+        span = one_row(traces.agg(
             F.min("ts_us"), F.max("ts_us"), F.max(F.col("sim").cast("int"))
-        ).first()
+        ))
         facts = {
             "nodes": life.count(),
             "observations": obs.count(),  # materializes the cache inside this stage

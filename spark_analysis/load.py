@@ -20,6 +20,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from .errors import NoTracesError, SchemaMismatchError
 from .schema import CORRUPT_COLUMN, REQUIRED_FIELDS, TRACE_SCHEMA
+from .stats import one_row
 
 # <node>.jsonl, rotated <node>.jsonl.3, compressed <node>.jsonl.gz / .jsonl.3.gz. Plain
 # .json is left alone in folders (summary.json sits beside simulator traces); a file
@@ -197,9 +198,9 @@ def load_traces(
     )
     if json_paths:
         flagged = flagged.cache()
-    counts = flagged.agg(
+    counts = one_row(flagged.agg(
         F.count(F.lit(1)).alias("total"), F.sum(F.col("_bad").cast("long")).alias("bad")
-    ).first()
+    ))
     total, bad_lines = int(counts["total"]), int(counts["bad"] or 0)
     if total == 0:
         flagged.unpersist()

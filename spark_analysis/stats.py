@@ -11,11 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 EXACT_LIMIT = 1_000_000
 APPROX_ACCURACY = 10_000
+
+
+def one_row(df: DataFrame) -> Row:
+    """The row of an aggregate over a whole frame (Spark gives one even for no rows)."""
+    row = df.first()
+    if row is None:
+        raise ValueError("an aggregate without grouping returned no row")
+    return row
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ def choose_method(
 ) -> Method:
     """Exact if every group (or the whole frame) has at most ``limit`` rows."""
     if group_cols:
-        row = df.groupBy(*group_cols).count().agg(F.max("count")).first()
+        row = one_row(df.groupBy(*group_cols).count().agg(F.max("count")))
         largest = int(row[0] or 0)
     else:
         largest = df.count()

@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .handoffs import handoff_summary as per_outcome
-from .stats import Method, pct
+from .stats import Method, one_row, pct
 
 LIST_LIMIT = 1000  # rows kept in summary.json lists; the CSV tables hold them all
 LAG_TOP = 10
@@ -80,7 +80,7 @@ def dissemination_summary(events: DataFrame, obs: DataFrame, ev: Method) -> dict
     Hop percentiles are exact at any size: hops are small integers, so a histogram
     per kind (a few dozen rows) is collected and interpolated here."""
     event_aggs = _dissemination_aggs(ev)
-    overall = events.agg(*event_aggs).first().asDict()
+    overall = one_row(events.agg(*event_aggs)).asDict()
     by_kind_rows = {r["kind"]: r.asDict() for r in events.groupBy("kind").agg(*event_aggs).collect()}
     hist: dict[str, list[tuple[float, int]]] = {}
     per_event = obs.groupBy("event_id", "hops").count()  # ~events x distinct hops rows
@@ -99,14 +99,14 @@ def dissemination_summary(events: DataFrame, obs: DataFrame, ev: Method) -> dict
 
 
 def detection_summary(det: DataFrame, method: Method) -> dict[str, Any]:
-    row = det.agg(
+    row = one_row(det.agg(
         F.count(F.lit(1)).alias("crashes"),
         pct("first_suspect_s", 0.5, method).alias("first_suspect_p50_s"),
         pct("all_dead_s", 0.5, method).alias("all_dead_p50_s"),
         pct("all_dead_s", 0.99, method).alias("all_dead_p99_s"),
         F.sum(F.col("all_dead_s").isNull().cast("int")).alias("undetected"),
         F.sum(F.col("first_suspect_s").isNull().cast("int")).alias("never_suspected"),
-    ).first()
+    ))
     return {
         "crashes": int(row["crashes"]),
         "first_suspect_p50_s": json_number(row["first_suspect_p50_s"]),
@@ -162,7 +162,7 @@ def partition_summary(episodes: DataFrame, method: Method) -> dict[str, Any]:
     """Overall and per side (``majority`` / ``minority``, as each observer saw its
     own side) detection and heal times."""
     aggs = _partition_aggs(method)
-    result = _partition_shape(episodes.agg(*aggs).first().asDict())
+    result = _partition_shape(one_row(episodes.agg(*aggs)).asDict())
     side = F.when(F.col("majority"), "majority").when(~F.col("majority"), "minority").otherwise("unknown")
     by_side = {r["side"]: _partition_shape(r.asDict()) for r in episodes.groupBy(side.alias("side")).agg(*aggs).collect()}
     result["by_side"] = {k: by_side[k] for k in sorted(by_side)}
