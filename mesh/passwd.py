@@ -20,7 +20,7 @@ import getpass
 import os
 import sys
 import tempfile
-from typing import Callable, TextIO
+from typing import Callable, NoReturn, TextIO
 
 from mesh.auth import DEFAULT_PARAMS, ScryptParams, hash_password, validate_username
 
@@ -122,7 +122,7 @@ def delete_user(path: str, user: str) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
 
 

@@ -201,8 +201,10 @@ async def accept_tls(stream: trio.abc.Stream, ctx: ssl.SSLContext, timeout: floa
 
 def _peer(stream: trio.abc.Stream) -> str:
     sock = getattr(stream, "socket", None)
+    if sock is None:
+        return "?"
     try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+        host, port = sock.getpeername()[:2]
     except (AttributeError, OSError, ValueError, TypeError):
         return "?"
     return f"{host}:{port}"

@@ -86,7 +86,8 @@ class RunningNode:
     def stop(self) -> None:
         if self._token is not None and self._thread.is_alive():
             try:
-                trio.from_thread.run_sync(self.node.request_shutdown, trio_token=self._token)  # type: ignore[union-attr]
+                assert self.node is not None  # set before the token
+                trio.from_thread.run_sync(self.node.request_shutdown, trio_token=self._token)
             except trio.RunFinishedError:
                 pass
         self._thread.join(TIMEOUT)
@@ -324,7 +325,8 @@ class MeshdProcess:
                 return self
             except OSError:
                 if self.proc.poll() is not None:
-                    output = self.proc.stdout.read()  # type: ignore[union-attr]
+                    assert self.proc.stdout is not None  # stdout=PIPE
+                    output = self.proc.stdout.read()
                     if "already in use" in output and ("mqtt:" in output or "http:" in output):
                         raise PortTaken(output)
                     raise AssertionError(f"meshd exited early: {output}")

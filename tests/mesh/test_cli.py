@@ -27,23 +27,28 @@ def restore_logging():
     root.setLevel(level)
 
 
+class FakeNodeModule(types.ModuleType):
+    """mesh.node with a run_node that records its settings and returns `rc`."""
+
+    def __init__(self) -> None:
+        super().__init__("mesh.node")
+        self.calls: list[Settings] = []
+        self.rc = 0
+
+    def run_node(self, settings: Settings) -> int:
+        self.calls.append(settings)
+        return self.rc
+
+
 @pytest.fixture
 def fake_node(monkeypatch):
     """Stands in for mesh.node (the lead's module) and records the settings."""
-    calls: list[Settings] = []
-    module = types.ModuleType("mesh.node")
-
-    def run_node(settings: Settings) -> int:
-        calls.append(settings)
-        return module.rc  # type: ignore[attr-defined]
-
-    module.run_node = run_node  # type: ignore[attr-defined]
-    module.rc = 0  # type: ignore[attr-defined]
+    module = FakeNodeModule()
     monkeypatch.setitem(sys.modules, "mesh.node", module)
     # Keep the test's environment from leaking in.
     for var in [v for v in __import__("os").environ if v.startswith("MESHD_")]:
         monkeypatch.delenv(var)
-    return module, calls
+    return module, module.calls
 
 
 def fake_module(monkeypatch, name: str, **functions) -> None:

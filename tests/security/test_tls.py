@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime
 import logging
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -283,13 +284,12 @@ async def test_plain_text_on_a_tls_port_closes_cleanly(pki: Pki) -> None:
 
 @dataclass
 class Accepted:
-    streams: list = None  # type: ignore[assignment]
+    streams: list[trio.SSLStream[Any]] = field(default_factory=list)
     refused: int = 0
 
 
 async def _accept_loop(ctx: ssl.SSLContext, result: Accepted, timeout: float = 5.0,
                        task_status=trio.TASK_STATUS_IGNORED) -> None:
-    result.streams = []
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     task_status.started(listeners[0].socket.getsockname()[1])
 
