@@ -14,8 +14,9 @@ publisher stops and the subscriber drains its session on the last node.
 Reports median / p99 / max reconnect-to-CONNACK (ms), hops without session present,
 and the message accounting: acknowledged to the publisher, received, lost (acknowledged
 but never received), duplicates with and without DUP=1, and order violations.  One JSON
-line per run goes to scripts/bench/results/handoff.jsonl.  Everything stays on
-127.0.0.1 and stops by itself.
+line per run goes to scripts/bench/results/handoff.jsonl (git-ignored; a result lands in
+RESULTS.md with its lines, see README.md).  Everything stays on 127.0.0.1 and stops by
+itself.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ the route took to reach that node (plus one forward).
     python scripts/bench/route_convergence.py --nodes 10 --rounds 20 --preset local
 
 Prints median and p99 (seconds) and writes one JSON line per run to
-scripts/bench/results/route_convergence.jsonl.  Traffic stays on 127.0.0.1; the run
-stops by itself (each round is bounded by --round-timeout).
+scripts/bench/results/route_convergence.jsonl (git-ignored; a result lands in RESULTS.md
+with its lines, see README.md).  Traffic stays on 127.0.0.1; the run stops by itself
+(each round is bounded by --round-timeout).
 """
 
 from __future__ import annotations

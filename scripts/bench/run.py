@@ -8,7 +8,9 @@ For each scenario and repetition every broker runs once, in the same order each 
 (A B C A B C ...): started fresh on a free port and pinned to core 1, driven by the
 generator in this process pinned to core 0, stopped by its PID. Every run appends one
 JSON line to `--out` (default scripts/bench/results/run-<UTC time>.jsonl); the markdown
-table (medians [min..max], ratios) is printed at the end and written next to it.
+table (medians [min..max], ratios) is printed at the end and written next to it. That
+directory is git-ignored scratch: a result lands by pasting its table and raw lines into
+RESULTS.md (README.md, "Landing a result").
 """
 
 from __future__ import annotations

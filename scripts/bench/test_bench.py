@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 for p in (str(HERE), str(HERE.parents[1])):
     if p not in sys.path:
@@ -162,3 +164,49 @@ def test_acked_messages_for_an_offline_session_survive_kill_9() -> None:
     r = persistence.killed_and_restarted(Path(tempfile.mkdtemp()), persistence.meshd_flags("sync"), 300, "sync")
     assert r["acked"] == 300 and r["session_present"]
     assert r["delivered"] == 300 and r["lost"] == 0
+
+
+def _run_lines(commit: str, msgs_per_s: int) -> list[str]:
+    header = {"kind": "header", "machine": {"cpu": "test"}, "source": {"commit": commit, "dirty": []}}
+    run = {"broker": "meshd", "scenario": "fanout-qos0", "rep": 0, "result": {"msgs_per_s": msgs_per_s, "lost": 0}}
+    return [json.dumps(header), json.dumps(run)]
+
+
+def test_table_reads_raw_lines_back_out_of_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    newer, older = _run_lines("bbbbbbb", 123_456), _run_lines("aaaaaaa", 7_654)
+    text = "\n".join([
+        "# Results", "", "## Newer run", "", "```sh", "# a comment, not a heading", "```", "",
+        "<details><summary>raw lines (1 run)</summary>", "", "```jsonl", *newer, "```", "", "</details>", "",
+        "### a note under it", "", "## Older run", "", "```jsonl", *older, "```", "",
+    ])
+    md = tmp_path / "RESULTS.md"
+    md.write_text(text)
+
+    assert table.markdown_blocks(text, "older") == older
+    assert table.markdown_blocks(text, "NEWER") == newer  # case-insensitive; the ```sh line is no heading
+    assert table.markdown_blocks(text) == newer + older
+    assert [r["result"]["msgs_per_s"] for r in table.load([str(md)], section="newer")] == [123_456]
+
+    assert table.main([str(md), "--section", "newer run"]) == 0
+    out = capsys.readouterr().out
+    assert "123,456" in out and "7,654" not in out
+    assert table.main([str(md), "--section", "older", "--raw"]) == 0
+    assert capsys.readouterr().out.splitlines() == older  # the lines as written, header included
+    assert table.main([str(md)]) == 0  # two commits: never merged, one table each
+    out = capsys.readouterr().out
+    assert "### meshd at bbbbbbb" in out and "### meshd at aaaaaaa" in out
+    assert out.index("123,456") < out.index("### meshd at aaaaaaa") < out.index("7,654")
+
+
+def test_results_md_keeps_parseable_raw_lines_that_rebuild_its_tables() -> None:
+    text = (HERE / "RESULTS.md").read_text()
+    lines = table.markdown_blocks(text)
+    records = [json.loads(line) for line in lines]  # every ```jsonl line is one JSON object
+    assert any(r.get("kind") == "header" for r in records)
+    for heading in table.markdown_headings(text):
+        for records_of_variant in table.by_variant(table.load_runs_from_text(text, heading)).values():
+            table.markdown(records_of_variant)
+    # the three-broker table is exactly what table.py makes of the lines under it
+    full = table.load_runs_from_text(text, "full run")
+    assert len(full) == 1 and full[0][0]["source"]["commit"] == "f1f811a"
+    assert table.markdown(full[0][1]) in text
