@@ -39,7 +39,7 @@ log = logging.getLogger("meshd.connection")
 OUTBOX_LIMIT = 4 * 1024 * 1024
 
 # Protocol violations that are a configured limit biting, counted per limit.
-_LIMIT_BY_REASON = {
+_LIMIT_BY_REASON: dict[int, str] = {
     ReasonCode.PACKET_TOO_LARGE: "max_packet_size",
     ReasonCode.TOPIC_ALIAS_INVALID: "topic_alias_maximum",
     ReasonCode.RECEIVE_MAXIMUM_EXCEEDED: "receive_maximum",

@@ -9,7 +9,7 @@
 - `MemoryGuard`: this process's resident set size from `/proc/self/statm`, for the
   overload guard that refuses new connections (0x89) above a threshold.
 
-Nothing here reads a clock: callers pass `now` (e.g. `trio.current_time()`), so tests
+Nothing here reads a clock: callers pass `now` (their `clock.Clock.now()`), so tests
 are exact and a simulated node can use virtual time.
 """
 

@@ -12,7 +12,7 @@ After an error the decoder is dead: every later call raises the same error.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ._wire import Reader, decode_utf8
 from .errors import (
@@ -208,7 +208,7 @@ class Decoder:
             body = view[start:end].tobytes()
         self._pos = end
         self._header = None
-        return _DECODERS[first >> 4](self, first, body)  # type: ignore[misc]
+        return _DECODERS[first >> 4](self, first, body)
 
     def _check_fixed_header(self, first: int, remaining: int, header_len: int) -> None:
         ptype = first >> 4
@@ -486,7 +486,10 @@ class Decoder:
         return Auth(code, props)
 
 
-def _ack_decoder(cls: type, allowed: frozenset[int], kind: str):  # type: ignore[no-untyped-def]
+_AckType = type[Puback] | type[Pubrec] | type[Pubrel] | type[Pubcomp]
+
+
+def _ack_decoder(cls: _AckType, allowed: frozenset[int], kind: str) -> Callable[[Decoder, int, bytes], Packet]:
     def decode_ack(self: Decoder, first: int, body: bytes) -> Packet:
         n = len(body)
         if n < 2:
@@ -495,26 +498,30 @@ def _ack_decoder(cls: type, allowed: frozenset[int], kind: str):  # type: ignore
         if not packet_id:
             raise ProtocolError(f"{kind} with packet id 0 [MQTT-2.2.1-3]")
         if n == 2:
-            return cls(packet_id)  # type: ignore[no-any-return]
+            return cls(packet_id)
         if self.protocol_level != 5:
             raise MalformedPacket(f"{kind} longer than two bytes before MQTT 5")
         code = body[2]
         if code not in allowed:
             raise MalformedPacket(f"{kind} reason code 0x{code:02X} is not defined")
         if n == 3:
-            return cls(packet_id, code)  # type: ignore[no-any-return]
+            return cls(packet_id, code)
         r = Reader(body, 3)
         props = decode_properties(r, kind)
         r.expect_end(kind)
-        return cls(packet_id, code, props)  # type: ignore[no-any-return]
+        return cls(packet_id, code, props)
 
     return decode_ack
 
 
 # One dispatch table for every Decoder (indexed by packet type), not a table of bound
 # methods and closures per connection: ~0.85 KB less per idle connection.
-_DECODERS = (
-    None,
+def _decode_reserved(self: Decoder, first: int, body: bytes) -> Packet:
+    raise MalformedPacket("reserved packet type 0")  # _check_fixed_header stops it first
+
+
+_DECODERS: tuple[Callable[[Decoder, int, bytes], Packet], ...] = (
+    _decode_reserved,
     Decoder._decode_connect,
     Decoder._decode_connack,
     Decoder._decode_publish,

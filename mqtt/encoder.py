@@ -220,8 +220,8 @@ def _encode_connack(p: Connack, level: int) -> bytes:
     return bytes((0x20, 0x02, flags, connack_v3_return_code(p.reason_code)))
 
 
-def _encode_ack(first: int, kind: str, allowed: frozenset[int]) -> Callable[[Packet, int], bytes]:
-    def encode_ack(p: Puback, level: int) -> bytes:  # type: ignore[type-var]
+def _encode_ack(first: int, kind: str, allowed: frozenset[int]) -> Callable[[Puback | Pubrec | Pubrel | Pubcomp, int], bytes]:
+    def encode_ack(p: Puback | Pubrec | Pubrel | Pubcomp, level: int) -> bytes:
         pid = encode_u16(p.packet_id, f"{kind} packet id")
         if level < 5:
             return bytes((first, 2)) + pid
@@ -235,7 +235,7 @@ def _encode_ack(first: int, kind: str, allowed: frozenset[int]) -> Callable[[Pac
             return bytes((first, 3)) + pid + bytes((code,))
         return _packet(first, pid + bytes((code,)) + _props(p.properties, kind))
 
-    return encode_ack  # type: ignore[return-value]
+    return encode_ack
 
 
 def _encode_subscribe(p: Subscribe, level: int) -> bytes:
@@ -326,7 +326,8 @@ def _encode_auth(p: Auth, level: int) -> bytes:
     return _packet(0xF0, bytes((p.reason_code,)) + _props(p.properties, "AUTH"))
 
 
-_ENCODERS: dict[type, Callable[[Packet, int], bytes]] = {  # type: ignore[dict-item]
+# Each entry takes the packet type it is keyed by (a dict cannot say so to mypy).
+_ENCODERS: dict[type, Callable[..., bytes]] = {
     Publish: _encode_publish,
     Connect: _encode_connect,
     Connack: _encode_connack,

@@ -8,6 +8,7 @@ v3.1/v3.1.1 packets have no properties; for them every packet carries
 from __future__ import annotations
 
 import operator
+from typing import Any
 from dataclasses import dataclass
 
 from ._wire import (
@@ -146,7 +147,9 @@ def decode_properties(r: Reader, kind: str) -> Properties:
     allowed = ALLOWED_PROPERTIES[kind]
     outer_end = r.end
     r.end = end  # no property may read past the section
-    values: dict[str, object] = {}
+    # name -> value, each read by its identifier's type (_BY_ID), so Properties(**values)
+    # gets what its fields say; mypy cannot follow that table, hence Any here.
+    values: dict[str, Any] = {}
     user: list[tuple[str, str]] = []
     sub_ids: list[int] = []
     data = r.data
@@ -182,7 +185,8 @@ def decode_properties(r: Reader, kind: str) -> Properties:
         if pid == _SUBSCRIPTION_IDENTIFIER:
             if sub_ids and kind == SUBSCRIBE:
                 raise ProtocolError("subscription identifier given twice in SUBSCRIBE")
-            sub_ids.append(value)  # type: ignore[arg-type]
+            assert isinstance(value, int)  # a varint
+            sub_ids.append(value)
             continue
         if name in values:
             raise ProtocolError(f"property {name} appears twice")
@@ -192,7 +196,7 @@ def decode_properties(r: Reader, kind: str) -> Properties:
         values["user_properties"] = tuple(user)
     if sub_ids:
         values["subscription_identifiers"] = tuple(sub_ids)
-    return Properties(**values)  # type: ignore[arg-type]
+    return Properties(**values)
 
 
 _EMPTY_SECTION = b"\x00"

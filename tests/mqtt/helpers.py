@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from mqtt import Connack, Connect, Decoder, Packet, encode
+from mqtt import Connack, Connect, Decoder, Packet, Publish, encode
 
 # Packets only a server receives / only a client receives; the rest go both ways.
 CLIENT_TO_SERVER_ONLY = {"Connect", "Subscribe", "Unsubscribe", "Pingreq"}
@@ -16,18 +16,19 @@ def role_for(packet: Packet) -> str:
     name = type(packet).__name__
     if name in SERVER_TO_CLIENT_ONLY:
         return "client"
-    if name == "Publish" and packet.properties.subscription_identifiers:  # type: ignore[union-attr]
+    if isinstance(packet, Publish) and packet.properties.subscription_identifiers:
         return "client"  # only servers may send subscription identifiers [MQTT-3.3.4-6]
     return "server"
 
 
-def decoder_for(packet: Packet, level: int, **kwargs: object) -> Decoder:
+def decoder_for(packet: Packet, level: int, *, max_packet_size: int | None = None) -> Decoder:
     """A decoder positioned to receive `packet` at `level`, mid-session."""
     role = role_for(packet)
     if isinstance(packet, Connect) or (isinstance(packet, Connack) and role == "client"):
         # Let the decoder learn the level from the packet itself, as on a new connection.
-        return Decoder(role=role, protocol_level=level if isinstance(packet, Connack) else None, **kwargs)  # type: ignore[arg-type]
-    return Decoder(role=role, protocol_level=level, **kwargs)  # type: ignore[arg-type]
+        return Decoder(role=role, protocol_level=level if isinstance(packet, Connack) else None,
+                       max_packet_size=max_packet_size)
+    return Decoder(role=role, protocol_level=level, max_packet_size=max_packet_size)
 
 
 def decode_all(decoder: Decoder, data: bytes) -> list[Packet]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mqtt import (
@@ -23,6 +25,10 @@ from mqtt import (
     patch_publish,
 )
 
+# Values of the wrong type, to check that encoding refuses them at run time.
+WRONG_TYPE_TEXT: Any = "text"
+WRONG_TYPE_PAIRS: Any = (("a",),)
+
 
 @pytest.mark.parametrize(
     ("packet", "level"),
@@ -36,12 +42,12 @@ from mqtt import (
         pytest.param(Publish("", b"x"), 4, id="empty-topic-v311"),
         pytest.param(Publish("", b"x"), 5, id="empty-topic-no-alias"),
         pytest.param(Publish("a\ud800", b"x"), 4, id="lone-surrogate"),
-        pytest.param(Publish("t", "text"), 4, id="str-payload"),  # type: ignore[arg-type]
+        pytest.param(Publish("t", WRONG_TYPE_TEXT), 4, id="str-payload"),
         pytest.param(Publish("t", properties=Properties(session_expiry_interval=1)), 5, id="prop-not-allowed"),
         pytest.param(Publish("t", properties=Properties(topic_alias=0)), 5, id="topic-alias-0"),
         pytest.param(Publish("t", properties=Properties(payload_format_indicator=2)), 5, id="pfi-2"),
         pytest.param(Publish("t", properties=Properties(message_expiry_interval=-1)), 5, id="negative-u32"),
-        pytest.param(Publish("t", properties=Properties(user_properties=(("a",),))), 5, id="bad-user-property"),  # type: ignore[arg-type]
+        pytest.param(Publish("t", properties=Properties(user_properties=WRONG_TYPE_PAIRS)), 5, id="bad-user-property"),
         pytest.param(Auth(), 4, id="auth-on-v311"),
         pytest.param(Auth(0x87), 5, id="auth-bad-reason"),
         pytest.param(Puback(1, 0x92), 5, id="puback-bad-reason"),
@@ -97,9 +103,10 @@ def test_connect_level_3_is_named_mqisdp():
 
 
 def test_sequences_become_tuples():
-    sub = Subscribe(1, [Subscription("a")])  # type: ignore[arg-type]
-    assert sub.subscriptions == (Subscription("a"),)
-    assert Unsubscribe(1, ["a"]).topic_filters == ("a",)  # type: ignore[arg-type]
+    subscriptions: Any = [Subscription("a")]  # a list where the type says tuple
+    topic_filters: Any = ["a"]
+    assert Subscribe(1, subscriptions).subscriptions == (Subscription("a"),)
+    assert Unsubscribe(1, topic_filters).topic_filters == ("a",)
 
 
 @pytest.mark.parametrize("level", [3, 4, 5])
