@@ -21,18 +21,44 @@ import itertools
 import logging
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from clock import Clock, SystemClock
 from mesh.client_port import ClientPort, PublishCache
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription
 from mqtt.topics import parse_shared_subscription
+from routing.forward import ForwardTarget
+from routing.links import AckGate
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
 from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions
 from session_store.store import MemoryStore, RecoveredState, SessionStore, StoredSession
 
 log = logging.getLogger("meshd.broker")
+
+
+class Mesh(Protocol):
+    """What the broker asks and tells the rest of the cluster (`routing.port.MeshPort`,
+    built before the broker; the cluster behind it is built after)."""
+
+    def plain_nodes(self, topic: str) -> set[str]: ...
+
+    def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]: ...
+
+    def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str: ...
+
+    def retained_targets(self) -> list[str]: ...
+
+    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> None: ...
+
+    def route_changed(self, topic_filter: str, present: bool) -> None: ...
+
+    def session_ended(self, client_id: str) -> None: ...
+
+    # Asked by the connection before a CONNECT opens its session.
+    def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool: ...
+
+    async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +110,7 @@ REMEMBER_LIMIT = 100_000  # message identities remembered per session started in
 
 class Broker:
     def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, mesh: Mesh | None = None) -> None:
         self.limits = limits or BrokerLimits()
         self.node_id = node_id
         self.store: SessionStore = store if store is not None else MemoryStore()
@@ -108,8 +134,8 @@ class Broker:
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
         # Set by the node: called when an earlier timer deadline appears.
         self.on_timer_change: Callable[[], None] = lambda: None
-        # The mesh (routing.cluster.Cluster) when this node is part of one.
-        self.cluster: Any = None
+        # The rest of the cluster, when this node is part of one.
+        self.mesh = mesh
         self._durable_callbacks: list[tuple[int, Callable[[], None]]] = []
         # Sessions started while their owner was unreachable: the identities of what
         # they were given, so a copy merged in later does not bring those back twice.
@@ -227,8 +253,8 @@ class Broker:
             self._publish_will(session.client_id, pending[1], now)
         if session.dropped:
             log.info("session %s ended; %d queued messages had been dropped", session.client_id, session.dropped)
-        if released and self.cluster is not None:
-            self.cluster.session_ended(session.client_id)
+        if released and self.mesh is not None:
+            self.mesh.session_ended(session.client_id)
 
     def _publish_will(self, client_id: str, will: Any, now: float) -> None:
         props = will.properties
@@ -340,8 +366,8 @@ class Broker:
                 self._route_changed(f"$share/{group}/{real_filter}", True)
 
     def _route_changed(self, route_filter: str, present: bool) -> None:
-        if self.cluster is not None:
-            self.cluster.route_changed(route_filter, present)
+        if self.mesh is not None:
+            self.mesh.route_changed(route_filter, present)
 
     def local_route_filters(self) -> list[str]:
         """Every filter this node has local subscribers for (its own route entries)."""
@@ -361,7 +387,7 @@ class Broker:
                 properties = replace(properties, topic_alias=None, subscription_identifiers=())
         return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids), self.node_id)
 
-    def publish(self, msg: Message, now: float, *, internal: bool = False, gate: Any = None) -> int:
+    def publish(self, msg: Message, now: float, *, internal: bool = False, gate: AckGate | None = None) -> int:
         """Route a message published by a local client (or the node itself) to every
         matching session here and once to every other node with a matching route;
         return how many sessions here got it. `internal` messages ($SYS) are not
@@ -371,16 +397,20 @@ class Broker:
             self.stats.messages_in[msg.qos] += 1
         if msg.retain:
             self._set_retained(msg, persist=not internal)
-        cluster = self.cluster
-        if cluster is None or internal:
+        mesh = self.mesh
+        if mesh is None or internal:
             return self._route(msg, now, plain=True, only_groups=None, remote=None)
-        remote: dict[str, list] = {node: [True, [], False] for node in cluster.plain_nodes(msg.topic)}
+        remote = {node: ForwardTarget(True, [], False) for node in mesh.plain_nodes(msg.topic)}
         if msg.retain:
             # Retained messages are replicated: every node keeps the latest one.
-            for node in cluster.retained_targets():
-                remote.setdefault(node, [False, [], False])[2] = True
+            for node in mesh.retained_targets():
+                target = remote.get(node)
+                if target is None:
+                    remote[node] = ForwardTarget(False, [], True)
+                else:
+                    target.keep_retained = True
         matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
-        cluster.forward(msg, remote, gate)
+        mesh.forward(msg, remote, gate)
         return matched + len(remote)
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool) -> int:
@@ -406,7 +436,7 @@ class Broker:
                 self.store.put_retained(msg)
 
     def _route(self, msg: Message, now: float, *, plain: bool, only_groups: list[tuple[str, str]] | None,
-               remote: dict[str, list] | None) -> int:
+               remote: dict[str, ForwardTarget] | None) -> int:
         """Deliver to sessions here: plain subscribers (if `plain`) and one member per
         shared group this node serves (see `_shared_keys`)."""
         topic = msg.topic
@@ -452,7 +482,8 @@ class Broker:
             self.deliver(session, Delivery(msg, qos, retain, tuple(sub_ids)), now, cache)
         return len(targets)
 
-    def _shared_keys(self, topic: str, only_groups: list[tuple[str, str]] | None, remote: dict[str, list] | None) -> list[tuple[str, str]]:
+    def _shared_keys(self, topic: str, only_groups: list[tuple[str, str]] | None,
+                     remote: dict[str, ForwardTarget] | None) -> list[tuple[str, str]]:
         """The shared groups this node serves for one message.
 
         A forwarded message names them (`only_groups`). For a local publish in a
@@ -462,19 +493,23 @@ class Broker:
         if only_groups is not None:
             return only_groups
         local = [(g, f) for f, groups in self.shared.match_filters(topic) for g in groups] if len(self.shared) else []
-        if remote is None or self.cluster is None:
+        mesh = self.mesh
+        if remote is None or mesh is None:
             return local
-        elsewhere = self.cluster.shared_nodes(topic)
+        elsewhere = mesh.shared_nodes(topic)
         if not elsewhere:
             return local
         mine: list[tuple[str, str]] = []
         for key in set(local) | elsewhere.keys():
             candidates = sorted(elsewhere.get(key, set()) | ({self.node_id} if key in local else set()))
-            choice = self.cluster.pick_shared_node(key, candidates)
+            choice = mesh.pick_shared_node(key, candidates)
             if choice == self.node_id:
                 mine.append(key)
             else:
-                remote.setdefault(choice, [False, [], False])[1].append(list(key))
+                target = remote.get(choice)
+                if target is None:
+                    target = remote[choice] = ForwardTarget(False, [], False)
+                target.groups.append(key)
         return mine
 
     @staticmethod

@@ -179,10 +179,10 @@ class Client:
         security = self.security
         if security is not None and security.needs_hashing(c.username):
             return False
-        cluster = self.broker.cluster
-        if cluster is None:
+        mesh = self.broker.mesh
+        if mesh is None:
             return True
-        return _handoff_is_noop(getattr(cluster, "handoffs", None), c.client_id, c.clean_start, _persistent(c))
+        return _handoff_is_noop(mesh, c.client_id, c.clean_start, _persistent(c))
 
     def admit(self) -> bool:
         """Connection limits (MQTT-3.2.2-7 reason codes; v3 return codes by the encoder)."""
@@ -366,7 +366,7 @@ class Client:
         epoch_before = store.write_epoch
         msg = broker.make_message(p.topic, p.payload, qos, p.retain, p.properties, self.client_id, now)
         # In a cluster the ack also waits for the nodes the message was forwarded to.
-        gate = AckGate() if qos and broker.cluster is not None else None
+        gate = AckGate() if qos and broker.mesh is not None else None
         matched = broker.publish(msg, now, gate=gate)
         if qos == 0:
             return

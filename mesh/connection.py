@@ -323,11 +323,11 @@ class ClientConnection(Client):
                 result = self.authenticate_now(c)
         if not self.authorize(c, result):
             return False
-        cluster = self.broker.cluster
-        if cluster is not None:
+        mesh = self.broker.mesh
+        if mesh is not None:
             # Claim the client id cluster-wide; take the session over from the node
             # that holds it (bounded by the handoff budget, below the CONNECT timeout).
-            if await cluster.handoffs.prepare_connect(c.client_id, c.clean_start, _persistent(c)) == "superseded":
+            if await mesh.prepare_connect(c.client_id, c.clean_start, _persistent(c)) == "superseded":
                 # A newer CONNECT for this id won elsewhere: this one is taken over.
                 self.write(self.machine.accept(self.clock.now(), session_present=False))
                 self.close(ReasonCode.SESSION_TAKEN_OVER)

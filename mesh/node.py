@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import math
+import random
 import signal
 import socket
 from typing import Any, Callable
@@ -47,6 +48,8 @@ from mesh.config_sync import ConfigSync
 from mesh.security import Security
 from mesh.tls import accept_tls, peer_common_name
 from routing.cluster import Cluster
+from routing.port import MeshPort
+from routing.table import RouteTable
 from gossip.trace import NullTraceWriter, TraceWriter
 from netsplit.detector import detector_for
 from netsplit.monitor import PartitionMonitor
@@ -89,20 +92,17 @@ class Node:
         self.node_id = node_id or resolve_node_id(settings)
         self.security = Security(settings, clock=self.clock)
         store_path = os.path.join(settings.data_dir, "sessions")
+        self._store_dirty = trio.Event()
         try:
-            self.store = RocksStore(store_path)
+            self.store = RocksStore(store_path, on_dirty=lambda: self._store_dirty.set())
         except StoreOpenError as exc:
             raise ConfigError("data_dir", str(exc)) from None
-        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store, clock=self.clock)
-        self._store_dirty = trio.Event()
-        self.store.on_dirty = lambda: self._store_dirty.set()
         recovered = self.store.load()
         # Every start is a new route epoch, so peers never mistake fresh route
         # versions for old news (routing.table).
         self.route_epoch = int(recovered.meta.get("route_epoch", 0)) + 1
         self.store.put_meta("route_epoch", self.route_epoch)
         self.started_at = self.clock.wall()
-        self.broker.restore(recovered, self.started_at)
         self.trace: TraceWriter | NullTraceWriter = (
             TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
         )
@@ -125,9 +125,15 @@ class Node:
         )
         self.partitions = PartitionMonitor(partition_view, self.gossip, self.trace, clock=self.clock)
         self.security.in_minority = self.partitions.in_minority
+        # The broker and the cluster share the mesh port (route answers, forwards, route
+        # changes): built first, so neither is wired into the other after the fact.
+        self.mesh = MeshPort(RouteTable(self.node_id, self.route_epoch), self.gossip)
+        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store, clock=self.clock,
+                             mesh=self.mesh)
+        self.broker.restore(recovered, self.started_at)
         self.cluster = Cluster(
-            node_id=self.node_id, broker=self.broker, gossip=self.gossip, trace=self.trace,
-            cluster_name=settings.cluster_name, epoch=self.route_epoch,
+            node_id=self.node_id, port=self.mesh, broker=self.broker, store=self.store, gossip=self.gossip,
+            trace=self.trace, cluster_name=settings.cluster_name, clock=self.clock, rng=random.Random(),
             hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
             held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
         )

@@ -20,22 +20,24 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 import trio
 
-from netsplit.held import HeldTraffic
+from clock import Clock
+from routing.forward import ForwardTarget
+from routing.handoff_driver import Handoffs, SessionHost
+from routing.held import HeldTraffic
 from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink
-from routing.table import RouteDelta, RouteSnapshot, RouteTable
+from routing.port import MeshPort
+from routing.retained import RetainedIndex
+from routing.table import RouteDelta, RouteSnapshot
 from session_store import records
-from session_store.handoff_driver import Handoffs
+from session_store.model import Message
 
 if TYPE_CHECKING:
     from gossip.service import GossipService
     from gossip.trace import NullTraceWriter, TraceWriter
-    from mesh.broker import Broker
-    from session_store.model import Message
 
 log = logging.getLogger("meshd.cluster")
 
@@ -48,26 +50,58 @@ HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
 HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
 
 
-def _now_us() -> int:
-    return int(time.time() * 1_000_000)
+class LocalBroker(SessionHost, Protocol):
+    """What the cluster calls on this node's broker: deliver what peers forward, keep
+    the retained set, release acknowledgements (and, for handoffs, `SessionHost`)."""
+
+    @property
+    def retained(self) -> RetainedIndex[Message]: ...
+
+    @property
+    def acks_wait_for_sync(self) -> bool: ...
+
+    def keep_retained(self, msg: Message) -> None: ...
+
+    def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]],
+                       keep_retained: bool) -> int: ...
+
+    def on_durable(self) -> None: ...
+
+    def when_durable(self, epoch: int, callback: Callable[[], None]) -> None: ...
+
+
+class MetaStore(Protocol):
+    """The part of the session store the cluster writes (held traffic) and waits on."""
+
+    @property
+    def write_epoch(self) -> int: ...
+
+    @property
+    def durable_epoch(self) -> int: ...
+
+    def put_meta(self, key: str, value: object) -> None: ...
+
+    def delete_meta(self, key: str) -> None: ...
 
 
 class Cluster:
-    def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService",
-                 trace: "TraceWriter | NullTraceWriter", cluster_name: str, epoch: int,
-                 hold_period: float = 86400.0, held_max_messages: int = 10_000, held_max_age: float = 3600.0,
-                 recovered_meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, *, node_id: str, port: MeshPort, broker: LocalBroker, store: MetaStore,
+                 gossip: "GossipService", trace: "TraceWriter | NullTraceWriter", cluster_name: str, clock: Clock,
+                 rng: random.Random | None = None, hold_period: float = 86400.0, held_max_messages: int = 10_000,
+                 held_max_age: float = 3600.0, recovered_meta: Mapping[str, object] | None = None) -> None:
         self.node_id = node_id
+        self.port = port
         self.broker = broker
+        self.store = store
         self.gossip = gossip
         self.trace = trace
         self.cluster_name = cluster_name
-        self.epoch = epoch
-        self.table = RouteTable(node_id, epoch)
+        self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
+        self.table = port.table
+        self.epoch = self.table.epoch
         self.links: dict[str, OutboundLink] = {}
         self.inbound = InboundLinks(cluster_name, gossip, node_id, self._take_batch, self._forward_taken, self._answer)
-        self._pending_routes: list[tuple[str, bool]] = []
-        self._route_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._retained_pulled = False
         self.forwarded_out = 0
@@ -77,24 +111,24 @@ class Cluster:
         self._recent: dict[str, dict[tuple[str | None, int], None]] = {}
         self.malformed_items = 0
         self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
-        self._shared_next: dict[tuple[str, str], int] = {}
         self._link_serial = 0
         gossip.on_broadcast("route", self._on_route_broadcast)
         gossip.on_member_change(self._on_member_change)
         gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
         gossip.register_stream_handler("link_hello", self.inbound.serve)
-        broker.cluster = self
-        self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace)
+        self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace, clock=clock)
         self.held = HeldTraffic(hold_period=hold_period, max_messages=held_max_messages, max_age=held_max_age)
         self._restore_held(recovered_meta or {})
+        port.on_forward(self.forward)
+        port.on_session_ended(self.handoffs.session_ended)
+        port.serve_connects(self.handoffs)
 
     # ---------------------------------------------------------------- running
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            # Routes of sessions restored from the store.
-            self._pending_routes.extend((f, True) for f in self.broker.local_route_filters())
+            # Routes of sessions restored from the store are queued in the port already.
             nursery.start_soon(self._route_flusher)
             nursery.start_soon(self._anti_entropy)
             nursery.start_soon(self.handoffs.run)
@@ -104,27 +138,19 @@ class Cluster:
 
     # ---------------------------------------------------- local route changes
 
-    def route_changed(self, topic_filter: str, present: bool) -> None:
-        """Called by the broker when a filter gets its first local subscriber or loses its last."""
-        self._pending_routes.append((topic_filter, present))
-        self._route_wake.set()
-
     async def _route_flusher(self) -> None:
         while True:
-            if not self._pending_routes:
-                await self._route_wake.wait()
-            self._route_wake = trio.Event()
+            await self.port.wait_for_route_changes()
             await trio.sleep(ROUTE_FLUSH_DELAY)
             self.flush_routes_now()
 
     def flush_routes_now(self) -> None:
-        """Turn the pending local route changes into a delta and spread it."""
-        pending, self._pending_routes = self._pending_routes, []
-        delta = self.table.local_changes(pending)
+        """Turn the local route changes queued in the port into a delta and spread it."""
+        delta = self.table.local_changes(self.port.take_route_changes())
         if delta is not None:
             self._disseminate(delta)
 
-    def own_route_snapshot(self) -> list:
+    def own_route_snapshot(self) -> list[object]:
         return self.table.local_snapshot().to_wire()
 
     def take_route_snapshot(self, wire: object) -> None:
@@ -143,8 +169,11 @@ class Cluster:
             return True
         return False
 
+    def _now_us(self) -> int:
+        return int(self.clock.wall() * 1_000_000)
+
     def _disseminate(self, delta: RouteDelta) -> None:
-        ts = _now_us()
+        ts = self._now_us()
         for chunk in _chunks(delta):
             for topic_filter, present in chunk.changes:
                 self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
@@ -166,7 +195,7 @@ class Cluster:
         if self._gone(delta.origin):
             return
         changes = self.table.apply_delta(delta)
-        ts = _now_us()
+        ts = self._now_us()
         for topic_filter, node, present in changes:
             self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
                             origin=node, origin_ts_us=int(origin_ts),
@@ -177,7 +206,7 @@ class Cluster:
     def _on_member_change(self, member: str, state: str) -> None:
         if state in ("dead", "left"):
             filters = self.table.remote[member].filters if member in self.table.remote else set()
-            if state == "dead" and self.held.hold(member, filters, time.time()):
+            if state == "dead" and self.held.hold(member, filters, self.clock.wall()):
                 # Unreachable, not gone: its routes are held and what matches them is
                 # kept for it until it is back (or the hold period ends).
                 self._store_held_routes(member)
@@ -201,9 +230,9 @@ class Cluster:
 
     # ------------------------------------------------------------ held traffic
 
-    def _hold(self, member: str, msg: "Message", now: float, seq: int | None = None) -> None:
+    def _hold(self, member: str, msg: Message, now: float, seq: int | None = None) -> None:
         seq, dropped = self.held.add(member, msg, now, seq)
-        store = self.broker.store
+        store = self.store
         if seq not in dropped:
             store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", [records.message_map(msg), now])
         for gone in dropped:
@@ -218,7 +247,7 @@ class Cluster:
         that is on disk."""
         if not self.held.is_held(member):
             return items
-        now = time.time()
+        now = self.clock.wall()
         for item in items:
             data, plain = item.data[0], item.data[1]
             if item.qos and plain:
@@ -231,7 +260,7 @@ class Cluster:
 
     def _replay_held(self, member: str) -> None:
         held = self.held.take(member)
-        self.broker.store.delete_meta(f"{HELD_ROUTES}{member}")
+        self.store.delete_meta(f"{HELD_ROUTES}{member}")
         if not held:
             return
         link = self._link(member)
@@ -242,7 +271,7 @@ class Cluster:
 
     def _forget_held(self, member: str) -> None:
         held = self.held.forget(member)
-        store = self.broker.store
+        store = self.store
         store.delete_meta(f"{HELD_ROUTES}{member}")
         for seq, _ in held:
             store.delete_meta(f"{HELD_MSG}{member}/{seq:020d}")
@@ -251,9 +280,9 @@ class Cluster:
 
     def _store_held_routes(self, member: str) -> None:
         held = self.held.members[member]
-        self.broker.store.put_meta(f"{HELD_ROUTES}{member}", [sorted(held.filters), held.since])
+        self.store.put_meta(f"{HELD_ROUTES}{member}", [sorted(held.filters), held.since])
 
-    def _restore_held(self, meta: dict[str, Any]) -> None:
+    def _restore_held(self, meta: Mapping[str, Any]) -> None:
         for key, value in meta.items():
             if key.startswith(HELD_ROUTES):
                 try:
@@ -271,7 +300,7 @@ class Cluster:
                     continue
             except (TypeError, ValueError, records.RecordError):
                 log.error("ignoring a stored held message %s", key)
-            self.broker.store.delete_meta(key)
+            self.store.delete_meta(key)
         if self.held.members:
             log.info("restored held traffic: %s", self.held.counts())
 
@@ -280,8 +309,8 @@ class Cluster:
             await trio.sleep(HELD_EXPIRY_INTERVAL)
             for member in [m for m, h in self.held.members.items() if h.returned and m in self.table.remote]:
                 self.held.settle(member)
-            gone, aged = self.held.expire(time.time())
-            store = self.broker.store
+            gone, aged = self.held.expire(self.clock.wall())
+            store = self.store
             for member in gone:
                 store.delete_meta(f"{HELD_ROUTES}{member}")
                 log.warning("member %s unreachable for longer than the hold period: its held routes go", member)
@@ -329,7 +358,7 @@ class Cluster:
         self._link(peer).request("retained_req", {}, self._on_retained_reply)
 
     def _on_retained_reply(self, frame: dict[str, Any]) -> None:
-        now = time.time()
+        now = self.clock.wall()
         for item in frame.get("msgs", ()):
             try:
                 msg = records.message_from_map(item)
@@ -342,12 +371,12 @@ class Cluster:
 
     async def _anti_entropy(self) -> None:
         while True:
-            await trio.sleep(ANTI_ENTROPY_INTERVAL * (0.5 + random.random()))
+            await trio.sleep(ANTI_ENTROPY_INTERVAL * (0.5 + self.rng.random()))
             alive = self.gossip.alive_members()
             if not alive:
                 continue
             wanted = [o for o in self.table.wanted if o in alive]
-            self._pull_routes(wanted[0] if wanted else random.choice(alive))
+            self._pull_routes(wanted[0] if wanted else self.rng.choice(alive))
 
     def _answer(self, peer: str, frame: dict[str, Any]) -> Any:
         kind = frame["t"]
@@ -358,30 +387,18 @@ class Cluster:
             snaps = self.table.snapshots_newer_than(digest)
             return "routes", {"snaps": [s.to_wire() for s in snaps]}
         if kind == "retained_req":
-            now = time.time()
+            now = self.clock.wall()
             msgs = [records.message_map(m) for _, m in self.broker.retained.items() if not m.expired(now) and not m.topic.startswith("$")]
             return "retained", {"msgs": msgs}
         raise ValueError(f"unknown mesh frame {kind!r}")
 
     # ------------------------------------------------------------- forwarding
 
-    def plain_nodes(self, topic: str) -> set[str]:
-        return self.table.match_nodes(topic)
-
-    def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]:
-        return self.table.match_shared(topic) if len(self.table.shared_trie) else {}
-
-    def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str:
-        """Round-robin over the nodes with members of a shared group (this node too)."""
-        i = self._shared_next.get(key, 0)
-        self._shared_next[key] = i + 1
-        return candidates[i % len(candidates)]
-
-    def forward(self, msg: "Message", targets: dict[str, list], gate: AckGate | None) -> None:
-        """Send `msg` to each target node once: targets[node] = [plain, groups, keep_retained];
-        and hold it for unreachable members whose held routes match."""
+    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> None:
+        """Send `msg` to each target node once, and hold it for unreachable members whose
+        held routes match (the broker calls this through the port)."""
         if self.held.members:
-            now = time.time()
+            now = self.clock.wall()
             for member in self.held.members_for(msg.topic):
                 if not self.held.members[member].returned:
                     if msg.qos:
@@ -390,12 +407,13 @@ class Cluster:
                     self.held.settle(member)  # its own routes are back
                 elif member not in targets:
                     # Back, but its routes are not here yet: the held ones still route.
-                    targets[member] = [True, [], False]
+                    targets[member] = ForwardTarget(True, [], False)
         if not targets:
             return
         data = records.message_map(msg)
-        for node, (plain, groups, keep_retained) in targets.items():
-            item = LinkItem([data, plain, groups, keep_retained], msg.qos, gate if msg.qos else None)
+        for node, target in targets.items():
+            # (group, filter) tuples encode as the CBOR arrays the lists were.
+            item = LinkItem([data, target.plain, target.groups, target.keep_retained], msg.qos, gate if msg.qos else None)
             if item.gate is not None:
                 item.gate.waiting += 1
             if self._link(node).enqueue(item):
@@ -432,12 +450,6 @@ class Cluster:
         if scope.cancelled_caught:
             log.warning("link to %s did not drain within %.1f s", peer, timeout)
 
-    def session_ended(self, client_id: str) -> None:
-        self.handoffs.session_ended(client_id)
-
-    def retained_targets(self) -> list[str]:
-        return self.gossip.alive_members()
-
     def _link(self, peer: str) -> OutboundLink:
         link = self.links.get(peer)
         if link is None:
@@ -453,7 +465,7 @@ class Cluster:
 
     def _acked(self, peer: str, items: list[LinkItem]) -> None:
         """A peer acknowledged a batch: replayed held messages in it are done."""
-        store = self.broker.store
+        store = self.store
         for item in items:
             if item.held_seq:
                 store.delete_meta(f"{HELD_MSG}{peer}/{item.held_seq:020d}")
@@ -471,8 +483,8 @@ class Cluster:
 
     # ------------------------------------------------------------- receiving
 
-    def _take_batch(self, peer: str, items: list[list]) -> None:
-        now = time.time()
+    def _take_batch(self, peer: str, items: list[list[Any]]) -> None:
+        now = self.clock.wall()
         recent = self._recent.get(peer)
         if recent is None:
             recent = self._recent[peer] = {}
@@ -508,7 +520,7 @@ class Cluster:
             await self.wait_durable()
 
     async def wait_durable(self) -> None:
-        store = self.broker.store
+        store = self.store
         epoch = store.write_epoch
         if epoch <= store.durable_epoch:
             return

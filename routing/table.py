@@ -129,6 +129,11 @@ class RouteTable:
         self.wanted: set[str] = set()  # origins with a gap: need a snapshot
         self.dropped_parked = 0
 
+    @property
+    def epoch(self) -> int:
+        """This node's route epoch (one per start)."""
+        return self.local.epoch
+
     # -------------------------------------------------------------- local routes
 
     def add_local(self, topic_filter: str) -> RouteDelta | None:

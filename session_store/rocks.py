@@ -49,7 +49,7 @@ vanished was flushed to SST files, which RocksDB syncs itself.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -110,8 +110,8 @@ def _delete_runs(wb: WriteBatch, deleted: list[tuple[str, int]], handle: Any) ->
 
 
 class RocksStore(SessionStore):
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__()
+    def __init__(self, path: str | os.PathLike[str], *, on_dirty: Callable[[], None] | None = None) -> None:
+        super().__init__(on_dirty=on_dirty)
         self.path = os.fspath(path)
         try:
             os.makedirs(self.path, exist_ok=True)

@@ -228,13 +228,18 @@ class _Window:
         self.epoch = 0  # the write epoch when the window closed
 
 
+def _nothing() -> None:
+    pass
+
+
 class SessionStore(ABC):
     """Record changes into a batch; commit batches off-thread; load everything at start."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, on_dirty: Callable[[], None] | None = None) -> None:
         self.write_epoch = 0  # bumped by every recorded change
         self.durable_epoch = 0  # every change up to this epoch is committed
-        self.on_dirty: Callable[[], None] = lambda: None
+        # Called when the first change of a batch is recorded (the committer wakes).
+        self.on_dirty: Callable[[], None] = on_dirty if on_dirty is not None else _nothing
         self.stats = StoreStats()
         self._batch = PendingBatch()
         # Delivery changes not yet taken, by the window ("generation") of their first
@@ -620,8 +625,8 @@ def _seq(suffix: bytes) -> int:
 class MemoryStore(SessionStore):
     """The same contract with no disk: for clean-only nodes and tests."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, on_dirty: Callable[[], None] | None = None) -> None:
+        super().__init__(on_dirty=on_dirty)
         self._data: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
 
     def write_batch(self, batch: PendingBatch, *, sync: bool) -> None:

@@ -226,8 +226,9 @@ def test_connect_answered_inline_only_when_no_handoff_can_be_needed():
     from types import SimpleNamespace
 
     from mesh.broker import Broker
+    from clock import ManualClock
     from mesh.client import _handoff_is_noop
-    from session_store.handoff_driver import Handoffs
+    from routing.handoff_driver import Handoffs
 
     class Gossip:
         def __init__(self, members: int, alive: list[str]) -> None:
@@ -245,7 +246,7 @@ def test_connect_answered_inline_only_when_no_handoff_can_be_needed():
 
     def handoffs(members: int, alive: list[str]) -> Handoffs:
         return Handoffs(node_id="A", broker=Broker(node_id="A"), gossip=Gossip(members, alive), cluster=None,
-                        trace=SimpleNamespace(emit=lambda **kw: None))
+                        trace=SimpleNamespace(emit=lambda **kw: None), clock=ManualClock())
 
     assert _handoff_is_noop(handoffs(1, []), "c", True, False)  # lone node, clean session
     assert _handoff_is_noop(handoffs(3, []), "c", True, False)  # others known, none alive

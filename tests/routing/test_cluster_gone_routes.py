@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from clock import ManualClock
 from gossip.trace import NullTraceWriter
 from mesh.broker import Broker
 from routing.cluster import Cluster
+from routing.port import MeshPort
 from routing.table import RouteTable
+from session_store.store import MemoryStore
 
 
 class Gossip:
@@ -47,8 +50,11 @@ class Gossip:
 
 def node_a() -> tuple[Cluster, Gossip, list[str]]:
     gossip = Gossip()
-    cluster = Cluster(node_id="A", broker=Broker(node_id="A"), gossip=gossip, trace=NullTraceWriter(),
-                      cluster_name="t", epoch=1)
+    port = MeshPort(RouteTable("A", 1), gossip)
+    store = MemoryStore()
+    broker = Broker(node_id="A", store=store, mesh=port)
+    cluster = Cluster(node_id="A", port=port, broker=broker, store=store, gossip=gossip, trace=NullTraceWriter(),
+                      cluster_name="t", clock=ManualClock())
     pulls: list[str] = []
     cluster._pull_routes = pulls.append  # type: ignore[method-assign]  # record, no links
     return cluster, gossip, pulls
@@ -66,24 +72,24 @@ def test_a_dead_members_routes_come_back_from_no_peer_until_it_does() -> None:
     b, delta_payload = routes_of_b()
     gossip.set("B", "alive")
     gossip.broadcasts["route"]("B", delta_payload)
-    assert cluster.plain_nodes("split/x") == {"B"}
+    assert cluster.port.plain_nodes("split/x") == {"B"}
     pulls.clear()  # B came alive: its routes were pulled from it
 
     gossip.set("B", "dead")  # the split: B's routes are dropped (and held)
-    assert cluster.plain_nodes("split/x") == set()
+    assert cluster.port.plain_nodes("split/x") == set()
     snap = b.local_snapshot().to_wire()
     # a same-side peer C, which still holds B alive, hands B's routes back three ways
     cluster._on_routes_reply({"snaps": [snap]})
     cluster.take_route_snapshot(snap)
     gossip.broadcasts["route"]("B", delta_payload)
     gossip.push_pull["routes"][1]({"n": "C", "d": {"B": list(b.digest()["B"])}})
-    assert cluster.plain_nodes("split/x") == set() and pulls == []
+    assert cluster.port.plain_nodes("split/x") == set() and pulls == []
     assert cluster.routes_of_gone_ignored == 4
 
     gossip.set("B", "alive")  # the heal: B's own routes are pulled from B and taken
     assert pulls == ["B"]
     cluster._on_routes_reply({"snaps": [snap]})
-    assert cluster.plain_nodes("split/x") == {"B"}
+    assert cluster.port.plain_nodes("split/x") == {"B"}
 
 
 def test_routes_of_members_we_do_not_know_yet_are_taken() -> None:
@@ -91,6 +97,6 @@ def test_routes_of_members_we_do_not_know_yet_are_taken() -> None:
     cluster, gossip, pulls = node_a()
     b, _ = routes_of_b()
     cluster._on_routes_reply({"snaps": [b.local_snapshot().to_wire()]})
-    assert cluster.plain_nodes("split/x") == {"B"} and cluster.routes_of_gone_ignored == 0
+    assert cluster.port.plain_nodes("split/x") == {"B"} and cluster.routes_of_gone_ignored == 0
     gossip.push_pull["routes"][1]({"n": "C", "d": {"D": [3, 4, 0]}})
     assert pulls == ["C"]

@@ -29,11 +29,11 @@ def delivery(topic: str, seq: int, qos: int = 1, **props) -> Delivery:
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
-def make_store(request, tmp_path) -> Callable[[], SessionStore]:
+def make_store(request, tmp_path) -> Callable[..., SessionStore]:
     opened: list[SessionStore] = []
 
-    def make() -> SessionStore:
-        store = MemoryStore() if request.param == "memory" else RocksStore(tmp_path / "db")
+    def make(on_dirty: Callable[[], None] | None = None) -> SessionStore:
+        store = MemoryStore(on_dirty=on_dirty) if request.param == "memory" else RocksStore(tmp_path / "db", on_dirty=on_dirty)
         opened.append(store)
         return store
 
@@ -103,9 +103,8 @@ def test_delete_session_removes_only_that_session(make_store):
 
 
 def test_nothing_before_commit_and_epochs(make_store):
-    store = make_store()
     dirty = []
-    store.on_dirty = lambda: dirty.append(1)
+    store = make_store(on_dirty=lambda: dirty.append(1))
     store.put_session("c", 60, 4, None, 1)
     store.put_queued("c", delivery("t", 1))
     assert dirty == [1]  # once per dirty period, not per write

@@ -1,9 +1,11 @@
 """The Trio driver of session handoff and of the ownership register.
 
-Runs `session_store.handoff` over the mesh links (`routing.cluster.Cluster.ask`) and
-`session_store.ownership` over gossip (`own` broadcasts, `owners` push-pull).  The
-connection calls `prepare_connect` before it opens a session; the mesh hands the
-`ho_*` requests of peers to `answer`.
+Runs `session_store.handoff` over the mesh links (`MeshRequests`, which the cluster
+answers) and `session_store.ownership` over gossip (`own` broadcasts, `owners`
+push-pull).  The connection calls `prepare_connect` (through `routing.port.MeshPort`)
+before it opens a session; the cluster hands the `ho_*` requests of peers to `answer`.
+It reaches the broker only through `SessionHost` and reads the time only from its
+`clock.Clock` (`now()` for takeover budgets, `wall()` for claims and traces).
 
 Every step has a timeout (`STEP_TIMEOUT`) and the whole takeover a budget
 (`TAKEOVER_BUDGET`, below the CONNECT timeout), so a client never hangs on a dead or
@@ -14,24 +16,24 @@ CONNACK session present = 0), counts a conflict and traces it.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import trio
 
+from clock import Clock
+from clock.hlc import HlcTimestamp
 from session_store.handoff import (
     Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Takeover,
     delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, stored_from_image,
 )
-from clock.hlc import HlcTimestamp
+from session_store.model import Delivery, Session
 from session_store.ownership import Claim, OwnershipRegister
+from session_store.store import StoredSession
 
 if TYPE_CHECKING:
     from gossip.service import GossipService
     from gossip.trace import NullTraceWriter, TraceWriter
-    from mesh.broker import Broker
-    from routing.cluster import Cluster
 
 log = logging.getLogger("meshd.handoff")
 
@@ -46,8 +48,46 @@ REMEMBER_FOR = 24 * 3600.0  # how long a session started in a conflict remembers
 PUSH_GRACE_MS = 2000  # a copy held for another owner waits this long for a takeover first
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
+class SessionHost(Protocol):
+    """What the handoff driver reads and changes in this node's broker."""
+
+    @property
+    def sessions(self) -> dict[str, Session]: ...
+
+    @property
+    def connections(self) -> Mapping[str, object]: ...
+
+    @property
+    def remembered(self) -> dict[str, set[tuple[str | None, int]]]: ...
+
+    def detach_for_handoff(self, client_id: str, now: float) -> Session | None: ...
+
+    def discard_session(self, client_id: str, now: float) -> None: ...
+
+    def install_session(self, stored: StoredSession, now: float) -> Session: ...
+
+    def merge_handed_tail(self, session: Session, add: list[Delivery], drop: list[Delivery]) -> None: ...
+
+    def merge_session(self, stored: StoredSession, now: float) -> int: ...
+
+
+class MeshRequests(Protocol):
+    """What the handoff driver asks of the cluster: requests over the mesh links, route
+    snapshots for the fences, and the store's durability."""
+
+    async def ask(self, peer: str, frame_type: str, fields: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+    def tell(self, peer: str, frame_type: str, fields: dict[str, Any]) -> None: ...
+
+    async def drain_link(self, peer: str, timeout: float) -> None: ...
+
+    async def wait_durable(self) -> None: ...
+
+    def flush_routes_now(self) -> None: ...
+
+    def own_route_snapshot(self) -> list[object]: ...
+
+    def take_route_snapshot(self, wire: object) -> None: ...
 
 
 class _Superseded(Exception):
@@ -59,7 +99,7 @@ class _Taking:
     claim: Claim
     scope: trio.CancelScope
     superseded: bool = False
-    session: Any = None  # installed here, not yet complete
+    session: Session | None = None  # installed here, not yet complete
 
 
 @dataclass
@@ -75,13 +115,14 @@ class HandoffStats:
 
 
 class Handoffs:
-    def __init__(self, *, node_id: str, broker: "Broker", gossip: "GossipService", cluster: "Cluster",
-                 trace: "TraceWriter | NullTraceWriter") -> None:
+    def __init__(self, *, node_id: str, broker: SessionHost, gossip: "GossipService", cluster: MeshRequests,
+                 trace: "TraceWriter | NullTraceWriter", clock: Clock) -> None:
         self.node_id = node_id
         self.broker = broker
         self.gossip = gossip
         self.cluster = cluster
         self.trace = trace
+        self.clock = clock
         self.register = OwnershipRegister(node_id)
         self.giving: dict[str, Giving] = {}
         self.taking: dict[str, _Taking] = {}
@@ -89,7 +130,7 @@ class Handoffs:
         self._locks: dict[str, trio.Lock] = {}
         self._pushing: set[str] = set()
         self._remembered_since: dict[str, float] = {}
-        self._incoming: dict[tuple[str, str], tuple[Any, list]] = {}
+        self._incoming: dict[tuple[str, str], tuple[Any, list[Delivery]]] = {}
         self._nursery: trio.Nursery | None = None
         self.stats = HandoffStats()
         self.malformed = 0
@@ -103,7 +144,7 @@ class Handoffs:
             self._nursery = nursery
             while True:
                 await trio.sleep(HOUSEKEEPING_INTERVAL)
-                self.housekeeping(time.time())
+                self.housekeeping(self.clock.wall())
                 self._push_foreign_copies()
 
     def housekeeping(self, now: float) -> None:
@@ -122,6 +163,12 @@ class Handoffs:
             if now - since > REMEMBER_FOR or cid not in self.broker.sessions:
                 del self._remembered_since[cid]
                 self.broker.remembered.pop(cid, None)
+
+    def _wall_ms(self) -> int:
+        return int(self.clock.wall() * 1000)
+
+    def _wall_us(self) -> int:
+        return int(self.clock.wall() * 1_000_000)
 
     # ------------------------------------------------------------ ownership
 
@@ -143,7 +190,7 @@ class Handoffs:
 
     def session_ended(self, client_id: str) -> None:
         if client_id in self.register.claims:
-            claim = self.register.release(client_id, _wall_ms())
+            claim = self.register.release(client_id, self._wall_ms())
             if claim is not None:
                 self._announce(claim)
 
@@ -170,7 +217,7 @@ class Handoffs:
             self._take_claim(claim)
 
     def _take_claim(self, claim: Claim) -> None:
-        if not self.register.merge(claim, _wall_ms()) or claim.owner in (None, self.node_id):
+        if not self.register.merge(claim, self._wall_ms()) or claim.owner in (None, self.node_id):
             return
         cid = claim.client_id
         taking = self.taking.get(cid)
@@ -181,10 +228,10 @@ class Handoffs:
             # A newer CONNECT elsewhere: this connection is taken over (0x8E).
             self.stats.kicked += 1
             log.info("%s connected at %s: closing its connection here (session taken over)", cid, claim.owner)
-            self.broker.detach_for_handoff(cid, time.time())
+            self.broker.detach_for_handoff(cid, self.clock.wall())
         if claim.clean and cid not in self.giving:
             # Clean start elsewhere: whatever this node kept for the client is void.
-            self.broker.discard_session(cid, time.time())
+            self.broker.discard_session(cid, self.clock.wall())
 
     # ------------------------------------------------------------ the taker
 
@@ -206,13 +253,13 @@ class Handoffs:
 
     async def _prepare(self, client_id: str, clean_start: bool, persistent: bool) -> str:
         previous = self.register.get(client_id)
-        claim = self.register.claim(client_id, _wall_ms(), clean=clean_start)
+        claim = self.register.claim(client_id, self._wall_ms(), clean=clean_start)
         self._announce(claim)
         giving = self.giving.pop(client_id, None)
         if giving is not None and giving.commit_seq is not None:
             # Committed: the taker holds everything and its `ho_done` is on its way;
             # the copy here is stale, and the session is fetched from whoever owns it now.
-            self._handed_over(client_id, giving.taker, time.time())
+            self._handed_over(client_id, giving.taker, self.clock.wall())
         elif giving is not None:
             log.info("%s came back here: handoff to %s abandoned", client_id, giving.taker)
         owner = previous.owner if previous is not None else None
@@ -232,15 +279,15 @@ class Handoffs:
         if session is not None:  # what it holds now is what it may deliver
             keys.update(message_key(e.delivery.message) for e in session.inflight.values())
             keys.update(message_key(d.message) for d in (session.queue if session.queued else ()))
-        self._remembered_since[client_id] = time.time()
+        self._remembered_since[client_id] = self.clock.wall()
         have = client_id in self.broker.sessions
         log.warning("session %s: cannot take it over from %s (%s); going on with %s", client_id, owner, why,
                     "the copy held here" if have else "a new session")
-        self.trace.emit(ts_us=int(time.time() * 1_000_000), kind="session_handoff", subject=client_id, origin=owner,
+        self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=client_id, origin=owner,
                         to=self.node_id, outcome="fallback", reason=why, duration_ms=0.0, messages=0)
 
     async def _take_over(self, client_id: str, owner: str, claim: Claim) -> str:
-        started = trio.current_time()
+        started = self.clock.now()
         taking = _Taking(claim, trio.CancelScope(deadline=started + TAKEOVER_BUDGET))
         self.taking[client_id] = taking
         machine = Takeover(client_id, owner, claim.stamp.to_wire())
@@ -269,7 +316,7 @@ class Handoffs:
     def _superseded(self, client_id: str, taking: _Taking) -> str:
         self.stats.superseded += 1
         if taking.session is not None:
-            self.broker.discard_session(client_id, time.time())
+            self.broker.discard_session(client_id, self.clock.wall())
         log.info("%s: a newer CONNECT elsewhere won; closing this one (0x8E)", client_id)
         return "superseded"
 
@@ -279,7 +326,7 @@ class Handoffs:
         redirects = 0
         phases: list[tuple[str, float]] = []  # for the debug log: where the time goes
         while True:
-            phases.append((type(step).__name__ + ":" + getattr(step, "frame_type", ""), trio.current_time() - started))
+            phases.append((type(step).__name__ + ":" + getattr(step, "frame_type", ""), self.clock.now() - started))
             if isinstance(step, Ask):
                 reply = await self.cluster.ask(machine.owner, step.frame_type, step.fields, STEP_TIMEOUT)
                 step = machine.on_reply(reply)
@@ -287,7 +334,7 @@ class Handoffs:
                 await flushed.wait()
                 stale = self.broker.sessions.get(client_id)
                 stored = merge_stale(step.session, stale) if stale is not None and stale.persistent else step.session
-                taking.session = self.broker.install_session(stored, time.time())
+                taking.session = self.broker.install_session(stored, self.clock.wall())
                 # Synced here and fenced everywhere, at the same time.
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.cluster.wait_durable)
@@ -301,6 +348,8 @@ class Handoffs:
                 # before the merge, or they would escape its deduplication.
                 await self._fence_back()
                 session = taking.session
+                if session is None:
+                    raise HandoffError("tail before the session was installed")
                 add, drop = merge_tail(session.queue if session.queued else (),
                                        (e.delivery for e in session.inflight.values()), step.tail, machine.base)
                 self.broker.merge_handed_tail(session, add, drop)
@@ -328,13 +377,13 @@ class Handoffs:
                 raise HandoffError(f"unexpected step {step!r}")
 
     def _finished(self, machine: Takeover, finished: Finished, started: float) -> None:
-        duration_ms = (trio.current_time() - started) * 1000
+        duration_ms = (self.clock.now() - started) * 1000
         self.stats.taken += 1
         self.stats.durations_ms.append(duration_ms)
         del self.stats.durations_ms[:-1000]
         log.info("session %s handed over from %s in %.1f ms (%d messages)", machine.client_id, machine.owner,
                  duration_ms, finished.messages)
-        self.trace.emit(ts_us=int(time.time() * 1_000_000), kind="session_handoff", subject=machine.client_id,
+        self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=machine.client_id,
                         origin=machine.owner, to=self.node_id, outcome="ok", duration_ms=round(duration_ms, 3),
                         messages=finished.messages)
 
@@ -381,7 +430,7 @@ class Handoffs:
             return self._answer_flush(peer)
         if not isinstance(cid, str):
             raise ValueError("handoff frame without a client id")
-        now = time.time()
+        now = self.clock.wall()
         if kind == "ho_begin":
             return "ho_state", self._answer_begin(peer, cid, Claim(cid, peer, _stamp(frame["h"])), now)
         if kind == "ho_push":
@@ -414,7 +463,7 @@ class Handoffs:
         log.info("session %s handed over to %s", cid, taker)
 
     def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> dict[str, Any]:
-        self.register.merge(claim, _wall_ms())
+        self.register.merge(claim, self._wall_ms())
         current = self.register.get(cid)
         if current is not None and current.stamp > claim.stamp:
             return {"ok": False, "why": "superseded"}
@@ -456,7 +505,7 @@ class Handoffs:
         if self._nursery is None:
             return
         alive = set(self.gossip.alive_members())
-        now_ms = _wall_ms()
+        now_ms = self._wall_ms()
         for cid, session in list(self.broker.sessions.items()):
             claim = self.register.get(cid)
             if (claim is None or claim.owner in (None, self.node_id) or claim.owner not in alive or claim.clean
@@ -467,7 +516,7 @@ class Handoffs:
             self._nursery.start_soon(self._push, cid, claim.owner)
 
     async def _push(self, cid: str, owner: str) -> None:
-        started = trio.current_time()
+        started = self.clock.now()
         try:
             cursor, first, sent = 0, True, 0
             while True:
@@ -488,11 +537,11 @@ class Handoffs:
                     return
                 first = False
                 sent += len(q)
-            self.broker.discard_session(cid, time.time())
+            self.broker.discard_session(cid, self.clock.wall())
             self.stats.merged_out += 1
-            duration_ms = (trio.current_time() - started) * 1000
+            duration_ms = (self.clock.now() - started) * 1000
             log.warning("session %s: the copy held here was merged into %s's (%d messages)", cid, owner, sent)
-            self.trace.emit(ts_us=int(time.time() * 1_000_000), kind="session_handoff", subject=cid,
+            self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=cid,
                             origin=self.node_id, to=owner, outcome="merged", duration_ms=round(duration_ms, 3), messages=sent)
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             log.info("pushing session %s to %s failed (%s); will retry", cid, owner, exc)
@@ -515,7 +564,7 @@ class Handoffs:
             self._incoming[key] = (img, queue)
             return "ho_state", {"ok": True}
         stored = stored_from_image(cid, img, queue)
-        added = self.broker.merge_session(stored, time.time())
+        added = self.broker.merge_session(stored, self.clock.wall())
         await self.cluster.wait_durable()
         self.stats.merged_in += 1
         log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)

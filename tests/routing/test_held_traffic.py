@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mqtt import EMPTY_PROPERTIES
-from netsplit.held import HeldTraffic
+from routing.held import HeldTraffic
 from session_store.model import Message
 
 

@@ -1,0 +1,118 @@
+"""The mesh port: what the broker and the cluster share, built before both.
+
+The broker asks the mesh where a publish must go (plain routes, shared groups,
+retained replicas) and tells it what to forward and which routes and sessions changed;
+the cluster answers from the route table and delivers to the broker.  Neither is built
+inside the other: the node builds the route table and this port first, gives the port
+to the broker and to the cluster, and gives the broker to the cluster.
+
+- Route questions are answered here, from the table (the cluster keeps it current).
+  `plain_nodes` and `retained_targets` are the table's and the members' own bound
+  methods, so a publish pays no extra call for the indirection.
+- Route changes wait in a queue that the cluster drains (changes made while the
+  store is restored, before the cluster exists, wait there too).
+- Forwards and ended sessions go to handlers the cluster registers at its
+  construction (`on_forward`, `on_session_ended`); until then a forward has no target
+  (the table is empty) and an ended session owns no claim.
+- A CONNECT asks the registered claims (the handoff driver) whether it may go on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import trio
+
+from routing.table import RouteTable
+
+if TYPE_CHECKING:
+    from routing.forward import ForwardTarget
+    from routing.links import AckGate
+    from session_store.model import Message
+
+Forward = Callable[["Message", "dict[str, ForwardTarget]", "AckGate | None"], None]
+
+
+class Members(Protocol):
+    def alive_members(self) -> list[str]: ...
+
+
+class ConnectClaims(Protocol):
+    """The cluster-wide claim on a client id, taken before a CONNECT opens its session."""
+
+    def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool: ...
+
+    async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str: ...
+
+
+def _no_forward(msg: "Message", targets: "dict[str, ForwardTarget]", gate: "AckGate | None") -> None:
+    pass
+
+
+def _no_session(client_id: str) -> None:
+    pass
+
+
+class MeshPort:
+    def __init__(self, table: RouteTable, members: Members) -> None:
+        self.table = table
+        # Bound methods on purpose: the publish path calls them once per message.
+        self.plain_nodes: Callable[[str], set[str]] = table.match_nodes
+        self.retained_targets: Callable[[], list[str]] = members.alive_members
+        self.forward: Forward = _no_forward
+        self.session_ended: Callable[[str], None] = _no_session
+        self._claims: ConnectClaims | None = None
+        self._shared_next: dict[tuple[str, str], int] = {}
+        self._route_changes: list[tuple[str, bool]] = []
+        self._routes_wake = trio.Event()
+
+    # ------------------------------------------------------------ registration
+
+    def on_forward(self, handler: Forward) -> None:
+        self.forward = handler
+
+    def on_session_ended(self, handler: Callable[[str], None]) -> None:
+        self.session_ended = handler
+
+    def serve_connects(self, claims: ConnectClaims) -> None:
+        self._claims = claims
+
+    # ------------------------------------------------------------ routes
+
+    def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]:
+        table = self.table
+        return table.match_shared(topic) if len(table.shared_trie) else {}
+
+    def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str:
+        """Round-robin over the nodes with members of a shared group (this node too)."""
+        i = self._shared_next.get(key, 0)
+        self._shared_next[key] = i + 1
+        return candidates[i % len(candidates)]
+
+    def route_changed(self, topic_filter: str, present: bool) -> None:
+        """A filter got its first local subscriber or lost its last."""
+        self._route_changes.append((topic_filter, present))
+        self._routes_wake.set()
+
+    async def wait_for_route_changes(self) -> None:
+        """Until at least one change is queued."""
+        while not self._route_changes:
+            self._routes_wake = trio.Event()
+            await self._routes_wake.wait()
+
+    def take_route_changes(self) -> list[tuple[str, bool]]:
+        """The changes queued so far, oldest first; the queue starts over empty."""
+        changes, self._route_changes = self._route_changes, []
+        return changes
+
+    # ------------------------------------------------------------ connects
+
+    def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool:
+        claims = self._claims
+        return claims is not None and claims.connect_is_local(client_id, clean_start, persistent)
+
+    async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str:
+        claims = self._claims
+        if claims is None:
+            return "ok"
+        return await claims.prepare_connect(client_id, clean_start, persistent)
