@@ -49,7 +49,7 @@ import logging
 import tomllib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 from mesh.auth import file_signature
 from mqtt.errors import TopicFilterInvalid
@@ -178,14 +178,14 @@ class AclRule:
         return True
 
 
-def _strings(rule: int, key: str, value: Any) -> frozenset[str]:
+def _strings(rule: int, key: str, value: object) -> frozenset[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
         raise AclError(f"rule {rule}: '{key}' must be a string or a non-empty list of strings")
     return frozenset(items)
 
 
-def _networks(rule: int, value: Any) -> tuple[IPNetwork, ...]:
+def _networks(rule: int, value: object) -> tuple[IPNetwork, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
         raise AclError(f"rule {rule}: 'ip' must be an address/CIDR string or a non-empty list of them")
@@ -198,7 +198,7 @@ def _networks(rule: int, value: Any) -> tuple[IPNetwork, ...]:
     return tuple(nets)
 
 
-def _topic(rule: int, value: Any) -> _Topic:
+def _topic(rule: int, value: object) -> _Topic:
     if not isinstance(value, str):
         raise AclError(f"rule {rule}: 'topics' entries must be strings, found {value!r}")
     literal = value.startswith(_EQ)
@@ -220,7 +220,7 @@ def _topic(rule: int, value: Any) -> _Topic:
     return _Topic(text, literal, uses_user, uses_client)
 
 
-def _parse_rule(index: int, raw: Any) -> AclRule:
+def _parse_rule(index: int, raw: object) -> AclRule:
     if not isinstance(raw, dict):
         raise AclError(f"rule {index}: must be a table ([[rule]])")
     unknown = sorted(set(raw) - _RULE_KEYS)
@@ -410,7 +410,7 @@ class Acl:
         return cls.from_toml_text(text, path)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], source: str = "<acl>") -> "Acl":
+    def from_dict(cls, doc: dict[str, object], source: str = "<acl>") -> "Acl":
         unknown = sorted(set(doc) - _TOP_KEYS)
         if unknown:
             raise AclError(f"{source}: unknown key '{unknown[0]}' (expected 'acl_nomatch' and [[rule]] tables)")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from clock import Clock, SystemClock
 from mesh.client_port import ClientPort, PublishCache
-from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription
+from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
 from mqtt.topics import parse_shared_subscription
 from routing.forward import ForwardTarget
 from routing.links import AckGate
@@ -76,7 +76,8 @@ class BrokerLimits:
     durability: str = "sync"
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "BrokerLimits":
+    def from_settings(cls, settings: object) -> "BrokerLimits":
+        """From `mesh.config.Settings` (or anything with these attributes)."""
         return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
 
 
@@ -128,7 +129,7 @@ class Broker:
         self.stats = BrokerStats()
         self._timers: list[tuple[float, int, str, str, int]] = []
         self._timer_seq = itertools.count()
-        self._pending_wills: dict[str, tuple[int, Any]] = {}
+        self._pending_wills: dict[str, tuple[int, Will]] = {}
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
@@ -256,7 +257,7 @@ class Broker:
         if released and self.mesh is not None:
             self.mesh.session_ended(session.client_id)
 
-    def _publish_will(self, client_id: str, will: Any, now: float) -> None:
+    def _publish_will(self, client_id: str, will: Will, now: float) -> None:
         props = will.properties
         expires_at = None
         if props.message_expiry_interval is not None:

@@ -30,11 +30,11 @@ class ConfigGossip(Protocol):
 
 
 class MetaStore(Protocol):
-    def put_meta(self, key: str, value: Any) -> None: ...
+    def put_meta(self, key: str, value: object) -> None: ...
 
 
 class Tracer(Protocol):
-    def emit(self, **fields: Any) -> None: ...
+    def emit(self, **fields: object) -> None: ...
 
 
 class LimitsHolder(Protocol):

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
@@ -55,7 +55,7 @@ class Request:
     path_params: dict[str, str] = field(default_factory=dict)
     peer: str = ""
 
-    def json(self) -> Any:
+    def json(self) -> object:
         """The body as JSON; raises HttpError(400) if it is not."""
         if not self.body:
             raise HttpError(400, "request body must be JSON")
@@ -86,7 +86,7 @@ class HttpError(Exception):
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> object:
     if isinstance(obj, (set, frozenset)):
         return sorted(obj, key=repr)
     if isinstance(obj, tuple):
@@ -388,22 +388,22 @@ async def _read_request(
     )
 
 
-async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> Any:
+async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Event:
     while True:
         event = conn.next_event()
-        if event is h11.NEED_DATA:
-            try:
-                data = await stream.receive_some(RECV_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            conn.receive_data(data)
-            continue
+        if isinstance(event, h11.Event):
+            return event
         if event is h11.PAUSED:
             raise _Close
-        return event
+        # h11.NEED_DATA
+        try:
+            data = await stream.receive_some(RECV_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        conn.receive_data(data)
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, event: Any) -> None:
+async def _send(conn: h11.Connection, stream: trio.SocketStream, event: h11.Event) -> None:
     data = conn.send(event)
     if data:
         await stream.send_all(data)

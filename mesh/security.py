@@ -13,7 +13,7 @@ import dataclasses
 import ipaddress
 import logging
 import ssl
-from typing import Any, Callable
+from typing import Callable
 
 import trio
 

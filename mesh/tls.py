@@ -20,13 +20,15 @@ import datetime
 import logging
 import os
 import ssl
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 __all__ = ["server_context", "peer_common_name", "accept_tls", "TlsConfigError", "TLS12_CIPHERS"]
 
 log = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=trio.abc.Stream)
 
 # ECDHE key exchange (forward secrecy) with AES-GCM or ChaCha20-Poly1305: Mozilla's
 # "intermediate" list, which every client still in use supports.
@@ -98,7 +100,7 @@ def _check_key(setting: str, path: str, pem: bytes) -> None:
         raise TlsConfigError(f"{setting} {path}: not a usable private key ({e})") from None
 
 
-def _no_passphrase(*_: Any) -> bytes:
+def _no_passphrase(*_: object) -> bytes:
     # Called by OpenSSL for an encrypted key; without it, Python would prompt on a tty.
     raise TlsConfigError("encrypted")
 
@@ -170,7 +172,7 @@ def peer_common_name(ssl_object: Any) -> str | None:
     return common_name
 
 
-async def accept_tls(stream: trio.abc.Stream, ctx: ssl.SSLContext, timeout: float = 10.0) -> trio.SSLStream[Any] | None:
+async def accept_tls(stream: S, ctx: ssl.SSLContext, timeout: float = 10.0) -> trio.SSLStream[S] | None:
     """Server-side handshake on an accepted stream, within `timeout` seconds.
 
     Returns the `trio.SSLStream`, or None after closing the connection when the
