@@ -72,6 +72,16 @@ async def _dump(svc: GossipService, path: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.reconnect_dead_for is not None and args.reconnect_dead_for < 0:
+        p.error("--reconnect-dead-for must be 0 or more")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    trio.run(_main, args)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gossip", description=__doc__)
     p.add_argument("--node-id", required=True)
     p.add_argument("--bind", type=_hostport, default=("0.0.0.0", 7946))
@@ -89,12 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reconnect-dead-for", type=float, default=None,
                    help="seconds to keep retrying the addresses of lost members (0: never)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    args = p.parse_args(argv)
-    if args.reconnect_dead_for is not None and args.reconnect_dead_for < 0:
-        p.error("--reconnect-dead-for must be 0 or more")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    trio.run(_main, args)
-    return 0
+    return p
 
 
 if __name__ == "__main__":

@@ -1,15 +1,27 @@
-"""Facts the SWIM state machine reports to its driver (frozen, past tense)."""
+"""Facts the SWIM state machine reports to its driver (frozen, past tense), and the
+one enum of member states every package uses."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
 
-ALIVE = "alive"
-SUSPECT = "suspect"
-DEAD = "dead"
-LEFT = "left"
-STATES = (ALIVE, SUSPECT, DEAD, LEFT)
+
+class MemberState(StrEnum):
+    """A member's state as one node sees it.  A ``str``: JSON, traces
+    (``member_alive``) and the API keep the plain strings."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"  # dead by its own word: a graceful leave
+
+
+ALIVE = MemberState.ALIVE
+SUSPECT = MemberState.SUSPECT
+DEAD = MemberState.DEAD
+LEFT = MemberState.LEFT
+STATES = tuple(MemberState)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +31,7 @@ class MemberChanged:
     ts_us: int
     member: str
     address: tuple[str, int]
-    state: str
+    state: MemberState
     incarnation: int
     origin: str
     origin_ts_us: int
@@ -27,7 +39,7 @@ class MemberChanged:
     hops: int
 
     def __post_init__(self) -> None:
-        if self.state not in STATES:
+        if not isinstance(self.state, MemberState):
             raise ValueError(f"unknown member state {self.state!r}")
 
 
@@ -42,7 +54,7 @@ class BroadcastReceived:
     origin_ts_us: int
     event_id: str
     hops: int
-    payload: Any
+    payload: object  # whatever the origin broadcast (CBOR-encodable)
     local: bool
 
 
@@ -53,3 +65,6 @@ class ProbeFailed:
     ts_us: int
     target: str
     started: float
+
+
+SwimEvent = MemberChanged | BroadcastReceived | ProbeFailed

@@ -13,13 +13,18 @@ import ipaddress
 import logging
 import random
 import socket
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import trio
 
 from clock import Clock
 
 from .config import GossipConfig
+
+if TYPE_CHECKING:  # zeroconf itself is imported only when mDNS runs
+    from zeroconf import ServiceInfo, ServiceStateChange, Zeroconf
+
+    BrowserHandler = Callable[[Zeroconf, str, str, ServiceStateChange], None]
 
 log = logging.getLogger("meshd.gossip.mdns")
 
@@ -36,7 +41,7 @@ def txt_properties(node_id: str, port: int, cluster: str) -> dict[str, str]:
     return {"node_id": node_id, "port": str(port), "cluster": cluster}
 
 
-def parse_txt(props: dict[Any, Any]) -> dict[str, str]:
+def parse_txt(props: dict[bytes, bytes | None] | dict[str, str | None]) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in props.items():
         key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
@@ -88,7 +93,7 @@ class MdnsDiscovery:
             except (trio.WouldBlock, trio.ClosedResourceError):
                 pass  # a full queue or a stopped browser: the next announcement brings it again
 
-        def on_change(zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+        def on_change(zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
             # runs on zeroconf's browser thread, where blocking lookups are allowed
             from zeroconf import ServiceStateChange
 
@@ -116,7 +121,7 @@ class MdnsDiscovery:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._stop, zc)
 
-    def _start(self, host: str, port: int, on_change: Any) -> Any:
+    def _start(self, host: str, port: int, on_change: BrowserHandler) -> Zeroconf:
         from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, Zeroconf
 
         svc = self.service
@@ -137,9 +142,10 @@ class MdnsDiscovery:
             zc.close()
             raise
         self._info = info
+        self._port = port
         return zc
 
-    async def _reannounce(self, zc: Any) -> None:
+    async def _reannounce(self, zc: Zeroconf) -> None:
         """Announce again now and then with a new ``seq`` in the TXT record: browsers
         see an update and look at us again, so once a split heals the other side
         finds us by mDNS alone (no seed, no operator), even if it forgot us."""
@@ -152,20 +158,20 @@ class MdnsDiscovery:
             seq += 1
             await trio.to_thread.run_sync(self._update, zc, seq)
 
-    def _update(self, zc: Any, seq: int) -> None:
+    def _update(self, zc: Zeroconf, seq: int) -> None:
         from zeroconf import ServiceInfo
 
         svc = self.service
         old = self._info
-        props = dict(txt_properties(svc.node_id, old.port, svc.cluster_name), seq=str(seq))
-        info = ServiceInfo(old.type, old.name, addresses=old.addresses, port=old.port, properties=props, server=old.server)
+        props = dict(txt_properties(svc.node_id, self._port, svc.cluster_name), seq=str(seq))
+        info = ServiceInfo(old.type, old.name, addresses=old.addresses, port=self._port, properties=props, server=old.server)
         try:
             zc.update_service(info)
             self._info = info
         except Exception as exc:  # zeroconf closing, an interface gone: try again later
             log.debug("mDNS re-announce failed: %s", exc)
 
-    def _stop(self, zc: Any) -> None:
+    def _stop(self, zc: Zeroconf) -> None:
         try:
             zc.unregister_service(self._info)
         except Exception:  # closing anyway

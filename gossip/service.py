@@ -25,7 +25,7 @@ from .events import BroadcastReceived, MemberChanged
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
 from .mdns import MdnsDiscovery
-from .swim import Addr, Swim, frame_body
+from .swim import Addr, MemberInfo, Swim, frame_body
 from .transport import NetTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
 
@@ -108,7 +108,7 @@ class GossipService:
 
     # ------------------------------------------------------------------ public API
 
-    def members(self) -> list[dict]:
+    def members(self) -> list[MemberInfo]:
         """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees them."""
         return self.swim.members_view() if self.swim is not None else []
 

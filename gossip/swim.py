@@ -16,14 +16,16 @@ Semantics follow hashicorp/memberlist (state.go, suspicion.go, awareness.go), wi
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from enum import IntEnum
+from typing import Callable, Hashable, Iterable, TypedDict, TypeVar
 
 from . import wire
 from .broadcasts import TransmitLimitedQueue
 from .config import LAN, GossipConfig
-from .events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
+from .events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, MemberState, ProbeFailed, SwimEvent
 from .formulas import (
     push_pull_scale,
     remaining_suspicion_time,
@@ -33,26 +35,63 @@ from .formulas import (
     suspicion_bounds,
     sweep_size,
 )
+from .messages import (
+    Ack,
+    Alive,
+    Dead,
+    MalformedMessage,
+    MemberEntry,
+    Nack,
+    Ping,
+    PingReq,
+    PushPull,
+    StreamAck,
+    StreamPing,
+    StreamRequest,
+    Suspect,
+    User,
+    decode_stream,
+    encode,
+)
+
+log = logging.getLogger("meshd.gossip.swim")
 
 Addr = tuple[str, int]
 PushPullProvider = tuple[Callable[[], object], Callable[[object], None]]
 
-# timer kinds
-_T_PROBE = 0
-_T_DIRECT = 1
-_T_GOSSIP = 2
-_T_PUSH_PULL = 3
-_T_SUSPECT = 4
-_T_NACK = 5
-_T_RELAY_EXPIRE = 6
-_T_REAP = 7
-_T_REJOIN = 8
-_T_RECONNECT = 9
-_T_HEAL_BURST = 10
-_T_SWEEP = 11
-_T_SWEEP_DIRECT = 12
-_T_SWEEP_END = 13
-_T_SWEEP_PUSH = 14
+
+class Timer(IntEnum):
+    """What a scheduled timer does when it fires (``Swim._TIMER_HANDLERS``)."""
+
+    PROBE = 0  # the next probe of the round robin (and the verdict on the last one)
+    DIRECT = 1  # a direct probe's ack is late: ask helpers (arg: probe seq)
+    GOSSIP = 2  # push queued broadcasts to a few members
+    PUSH_PULL = 3  # periodic full state exchange (arg: schedule token)
+    SUSPECT = 4  # a suspicion's timeout (arg: (member, suspicion token))
+    NACK = 5  # a relayed ping got no ack: nack the requester (arg: relay seq)
+    RELAY_EXPIRE = 6  # forget a relayed ping (arg: relay seq)
+    REAP = 7  # forget a dead or left member (arg: (member, when it changed))
+    REJOIN = 8  # no live member known: join through the seeds again
+    RECONNECT = 9  # try a member lost to a split again
+    HEAL_BURST = 10  # one more push-pull of a heal burst
+    SWEEP = 11  # the next round of a probe sweep
+    SWEEP_DIRECT = 12  # a sweep probe's ack is late: ask helpers (arg: probe seq)
+    SWEEP_END = 13  # a sweep probe's verdict (arg: probe seq)
+    SWEEP_PUSH = 14  # push what the sweep found, half an interval later
+
+
+# None, a sequence number or token, or (member, token or timestamp)
+TimerArg = int | tuple[str, float] | None
+
+
+class MemberInfo(TypedDict):
+    """One member as ``Swim.members_view`` (and the node's API) shows it."""
+
+    id: str
+    address: str
+    state: str
+    incarnation: int
+    last_change_ts_us: int
 
 # Push-pulls a node makes, one per probe interval, once it learns the cluster had
 # declared it dead, or sees a member it held dead come back (either side of a healed
@@ -86,7 +125,7 @@ SWEEP_QUIET = 30  # probe intervals between two sweeps
 class Member:
     id: str
     addr: Addr
-    state: str
+    state: MemberState
     incarnation: int
     state_change: float  # monotonic `now` of the last state change
     state_change_us: int  # the same instant on the trace clock
@@ -146,6 +185,8 @@ class Stats:
     fallback_acks: int = 0
     stale_verdicts: int = 0  # dead verdicts made across a split, taken as suspicions
     by_type: dict[str, int] = field(default_factory=dict)
+    # malformed input by reason (``wire.WireError.reason``); ``malformed`` is the sum
+    malformed_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class Swim:
@@ -190,16 +231,16 @@ class Swim:
         self._relays: dict[int, _Relay] = {}
         self._suspicions: dict[str, _Suspicion] = {}
         self._seq = 0
-        self._timers: list[tuple[float, int, int, Any]] = []
+        self._timers: list[tuple[float, int, Timer, TimerArg]] = []
         self._timer_seq = 0
         self._out: list[tuple[Addr, bytes]] = []
         self._pp_out: list[tuple[Addr, bytes | Callable[[], bytes]]] = []
-        self._events: list[Any] = []
+        self._events: list[SwimEvent] = []
         self._queue = TransmitLimitedQueue()
         self._encoder = wire.PacketEncoder(node_id)
         self._user_seen: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._user_seq = 0
-        self._recent: dict[tuple[str, str], tuple[float, list]] = {}
+        self._recent: dict[tuple[str, str], tuple[float, User]] = {}
         self._limit_n, self._limit = -1, 0
 
         ts = self._ts(now)
@@ -209,12 +250,12 @@ class Swim:
             MemberChanged(ts, node_id, self.addr, ALIVE, incarnation, node_id, ts, _eid(node_id, ALIVE, node_id, incarnation, ts), 0)
         )
         p = config.probe_interval
-        self._schedule(now + rng.uniform(0, p), _T_PROBE, None)
-        self._schedule(now + rng.uniform(0, config.gossip_interval), _T_GOSSIP, None)
+        self._schedule(now + rng.uniform(0, p), Timer.PROBE, None)
+        self._schedule(now + rng.uniform(0, config.gossip_interval), Timer.GOSSIP, None)
         # memberlist staggers the first push-pull randomly within one interval
         self._pp_token = 0
-        self._schedule(now + config.push_pull_interval * rng.random(), _T_PUSH_PULL, self._pp_token)
-        self._schedule(now + config.reconnect_interval * (1 + rng.random()), _T_RECONNECT, None)
+        self._schedule(now + config.push_pull_interval * rng.random(), Timer.PUSH_PULL, self._pp_token)
+        self._schedule(now + config.reconnect_interval * (1 + rng.random()), Timer.RECONNECT, None)
         # members forgotten after being dead: id -> (address, when lost), for reconnect
         self._lost: dict[str, tuple[Addr, float]] = {}
         self._burst_left = 0
@@ -245,7 +286,7 @@ class Swim:
             self._pp_out = []
         return out
 
-    def events(self) -> list[Any]:
+    def events(self) -> list[SwimEvent]:
         out = self._events
         if out:
             self._events = []
@@ -258,7 +299,7 @@ class Swim:
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, kind, arg = heapq.heappop(timers)
-            self._fire(kind, arg, now)
+            _TIMER_HANDLERS[kind](self, arg, now)
 
     def join(self, addrs: Iterable[Addr], now: float, *, remember: bool = True) -> None:
         """Join through seed addresses: a push-pull (full state exchange) with each."""
@@ -269,8 +310,8 @@ class Swim:
             if remember and addr not in self.seeds:
                 self.seeds.append(addr)
             self._pp_out.append((addr, self._push_pull_frame(now, join=True)))
-        if self.seeds and not any(t[2] == _T_REJOIN for t in self._timers):
-            self._schedule(now + self.config.rejoin_interval, _T_REJOIN, None)
+        if self.seeds and not any(t[2] == Timer.REJOIN for t in self._timers):
+            self._schedule(now + self.config.rejoin_interval, Timer.REJOIN, None)
 
     def bootstrap(self, members: Iterable[tuple[str, Addr]], now: float) -> None:
         """Start from an already converged view (simulator warm start): members alive at
@@ -292,7 +333,7 @@ class Swim:
         # restagger push-pull for the size we now know
         self._pp_token += 1
         interval = push_pull_scale(self.config.push_pull_interval, len(mem))
-        self._schedule(now + interval * self.rng.random(), _T_PUSH_PULL, self._pp_token)
+        self._schedule(now + interval * self.rng.random(), Timer.PUSH_PULL, self._pp_token)
 
     def leave(self, now: float) -> None:
         """Graceful leave: tell everyone we left (dead about ourselves, from ourselves)."""
@@ -320,13 +361,14 @@ class Swim:
         self._user_seq += 1
         ts = self._ts(now)
         event_id = f"{self.id}:{ts}:{self._user_seq}"  # receivers rebuild it the same way
-        data = wire.encode_part([wire.USER, kind, key, self.id, ts, self._user_seq, payload, 0])
+        msg = User(kind, key, self.id, ts, self._user_seq, payload, 0)
+        data = encode(msg)
         if len(data) + self._encoder.overhead > self.packet_limit:
             raise ValueError(f"broadcast of {len(data)} bytes does not fit one packet")
         self._user_seen.pop((kind, key), None)
         self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
         self._queue.queue(("u", kind, key), data)
-        self._remember(kind, key, [kind, key, self.id, ts, self._user_seq, payload, 0], now)
+        self._remember(msg, now)
         self._events.append(BroadcastReceived(ts, kind, key, self.id, ts, event_id, 0, payload, True))
         return event_id
 
@@ -337,12 +379,12 @@ class Swim:
         steps = int(lag / self.config.probe_interval) + 1
         self._health_delta(steps)
 
-    def members_view(self) -> list[dict[str, Any]]:
+    def members_view(self) -> list[MemberInfo]:
         return [
             {
                 "id": m.id,
                 "address": f"{m.addr[0]}:{m.addr[1]}",
-                "state": m.state,
+                "state": m.state.value,
                 "incarnation": m.incarnation,
                 "last_change_ts_us": m.state_change_us,
             }
@@ -355,34 +397,43 @@ class Swim:
     # ------------------------------------------------------------------ receive
 
     def receive(self, data: bytes, addr: Addr, now: float) -> None:
+        """One datagram.  Malformed input (not CBOR, a wrong shape, a field of the
+        wrong type) is counted by reason and dropped; an unknown message type is
+        counted and skipped (a newer peer's); anything else raised here is a bug."""
         self.stats.packets_received += 1
         self.stats.bytes_received += len(data)
         try:
             sender, msgs = wire.decode_packet(data)
-        except wire.UnsupportedVersion:
+        except wire.UnsupportedVersion as exc:
             self.stats.bad_version += 1
+            log.debug("dropped a datagram from %s: %s", addr, exc)
             return
-        except wire.WireError:
-            self.stats.malformed += 1
+        except wire.MalformedPacket as exc:
+            self._malformed(exc, addr)
             return
-        for msg in msgs:
-            handler = _HANDLERS.get(msg[0])
-            if handler is None:
+        for raw in msgs:
+            receiver = _RECEIVERS.get(raw[0])
+            if receiver is None:
                 self.stats.unknown_type += 1
                 continue
             try:
-                handler(self, msg, sender, addr, now)
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
-                self.stats.malformed += 1
+                receiver(self, raw, sender, addr, now)
+            except MalformedMessage as exc:
+                self._malformed(exc, addr)
 
-    def _on_ping(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        _, seq, target = msg
-        if target != self.id:
+    def _malformed(self, exc: wire.WireError, addr: Addr | None) -> None:
+        stats = self.stats
+        stats.malformed += 1
+        stats.malformed_by_reason[exc.reason] = stats.malformed_by_reason.get(exc.reason, 0) + 1
+        log.debug("dropped malformed gossip input from %s: %s", addr, exc)
+
+    def _on_ping(self, msg: Ping, sender: str, addr: Addr, now: float) -> None:
+        if msg.target != self.id:
             return  # addressed to whoever had this address before us
-        self._send(addr, [wire.encode_part([wire.ACK, int(seq)])])
+        self._send(addr, [encode(Ack(msg.seq))])
 
-    def _on_ack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        seq = msg[1]
+    def _on_ack(self, msg: Ack, sender: str, addr: Addr, now: float) -> None:
+        seq = msg.seq
         probe = self._probe
         if probe is not None and probe.seq == seq:
             if not probe.acked:
@@ -398,44 +449,40 @@ class Swim:
         relay = self._relays.get(seq)
         if relay is not None and not relay.done:
             relay.done = True
-            self._send(relay.requester, [wire.encode_part([wire.ACK, relay.requester_seq])])
+            self._send(relay.requester, [encode(Ack(relay.requester_seq))])
 
-    def _on_nack(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
+    def _on_nack(self, msg: Nack, sender: str, addr: Addr, now: float) -> None:
         probe = self._probe
-        if probe is None or probe.seq != msg[1]:
-            probe = self._sweep.get(msg[1])
+        if probe is None or probe.seq != msg.seq:
+            probe = self._sweep.get(msg.seq)
         if probe is not None and not probe.acked:
             probe.nacks += 1
 
-    def _on_ping_req(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        _, req_seq, target, host, port, nack = msg
-        target_addr = (str(host), int(port))
+    def _on_ping_req(self, msg: PingReq, sender: str, addr: Addr, now: float) -> None:
         self._seq += 1
         seq = self._seq
-        want_nack = bool(nack) and self.config.lifeguard
-        self._relays[seq] = _Relay(addr, int(req_seq), want_nack)
-        self._send(target_addr, [wire.encode_part([wire.PING, seq, str(target)])])
+        want_nack = msg.want_nack and self.config.lifeguard
+        self._relays[seq] = _Relay(addr, msg.seq, want_nack)
+        self._send((msg.host, msg.port), [encode(Ping(seq, msg.target))])
         if want_nack:
             # the requester sent this after its probe timeout and gives up at the end of
             # its probe interval: nack at 80 % of that window so it arrives in time
             window = min(self.config.probe_timeout, self.config.probe_interval - self.config.probe_timeout)
-            self._schedule(now + max(window, 0.0) * 0.8, _T_NACK, seq)
-        self._schedule(now + self.config.probe_interval, _T_RELAY_EXPIRE, seq)
+            self._schedule(now + max(window, 0.0) * 0.8, Timer.NACK, seq)
+        self._schedule(now + self.config.probe_interval, Timer.RELAY_EXPIRE, seq)
 
-    def _on_alive(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        _, node, inc, host, port, ots, hops = msg
+    def _on_alive(self, msg: Alive, sender: str, addr: Addr, now: float) -> None:
+        node, inc = msg.node, msg.incarnation
         m = self.members.get(node)
         if m is not None and inc <= m.incarnation and m.state == ALIVE and node != self.id:
-            return  # old news, the common case: skip the conversions
-        self._alive(str(node), int(inc), (str(host), int(port)), str(node), int(ots), int(hops) + 1, now)
+            return  # old news, the common case
+        self._alive(node, inc, (msg.host, msg.port), node, msg.origin_ts_us, msg.hops + 1, now)
 
-    def _on_suspect(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        _, node, inc, by, ots, hops = msg
-        self._suspect(str(node), int(inc), str(by), int(ots), int(hops) + 1, now, credit=True)
+    def _on_suspect(self, msg: Suspect, sender: str, addr: Addr, now: float) -> None:
+        self._suspect(msg.node, msg.incarnation, msg.accuser, msg.origin_ts_us, msg.hops + 1, now, credit=True)
 
-    def _on_dead(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        _, node, inc, by, ots, hops = msg
-        node, inc, by, ots, hops = str(node), int(inc), str(by), int(ots), int(hops) + 1
+    def _on_dead(self, msg: Dead, sender: str, addr: Addr, now: float) -> None:
+        node, inc, by, ots, hops = msg.node, msg.incarnation, msg.declared_by, msg.origin_ts_us, msg.hops + 1
         m = self.members.get(node)
         if node != self.id and m is not None and m.state == ALIVE and self._out_of_sight(by, node, ots):
             # after a heal the far side's stale verdicts about members we reach would
@@ -455,28 +502,27 @@ class Swim:
         judge = self.members.get(by)
         return judge is None or judge.state in (DEAD, LEFT) or judge.back_us > ots
 
-    def _on_user(self, msg: dict, sender: str, addr: Addr, now: float) -> None:
-        _, kind, key, origin, ots, seq, payload, hops = msg
+    def _on_user(self, msg: User, sender: str, addr: Addr, now: float) -> None:
+        kind, key, origin, ots, seq = msg.kind, msg.key, msg.origin, msg.origin_ts_us, msg.origin_seq
         version = (ots, seq, origin)
         prev = self._user_seen.get((kind, key))
         if prev is not None and version <= prev:
-            return  # duplicate or superseded: the common case, decided before any checks
-        if not (isinstance(kind, str) and isinstance(key, str) and isinstance(origin, str)):
-            raise TypeError("user broadcast with non-string kind/key/origin")
-        ots, seq, hops = int(ots), int(seq), int(hops) + 1
+            return  # duplicate or superseded: the common case
         self._user_seen.pop((kind, key), None)
-        self._user_seen[(kind, key)] = (ots, seq, origin)
-        self._queue.queue(("u", kind, key), wire.encode_part([wire.USER, kind, key, origin, ots, seq, payload, hops]))
-        self._remember(kind, key, [kind, key, origin, ots, seq, payload, hops], now)
+        self._user_seen[(kind, key)] = version
+        forwarded = msg._replace(hops=msg.hops + 1)
+        self._queue.queue(("u", kind, key), encode(forwarded))
+        self._remember(forwarded, now)
         event_id = f"{origin}:{ots}:{seq}"
-        self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, event_id, hops, payload, False))
+        self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, event_id, forwarded.hops, msg.payload, False))
 
-    def _remember(self, kind: str, key: str, entry: list, now: float) -> None:
+    def _remember(self, msg: User, now: float) -> None:
         # recent broadcasts ride push-pull too (serf's event buffer): gossip alone
         # misses a member now and then, anti-entropy repairs it
         recent = self._recent
-        recent.pop((kind, key), None)
-        recent[(kind, key)] = (now, entry)
+        name = (msg.kind, msg.key)
+        recent.pop(name, None)
+        recent[name] = (now, msg)
         if len(recent) > self.config.broadcast_retain_count:
             del recent[next(iter(recent))]
         seen = self._user_seen
@@ -490,7 +536,7 @@ class Swim:
                     break
                 del seen[k]
 
-    def _recent_broadcasts(self, now: float) -> list[list]:
+    def _recent_broadcasts(self, now: float) -> list[list[object]]:
         recent = self._recent
         cutoff = now - self.config.broadcast_retain_time
         while recent:
@@ -498,7 +544,7 @@ class Swim:
             if recent[k][0] >= cutoff:
                 break
             del recent[k]
-        return [entry for _, entry in recent.values()]
+        return [msg.retained() for _, msg in recent.values()]
 
     # ------------------------------------------------------------------ state changes
 
@@ -575,7 +621,7 @@ class Swim:
         s = _Suspicion(inc, start, lo, hi, k, {by}, self._timer_seq, by, ots)
         s.deadline = start + remaining_suspicion_time(0, k, 0.0, lo, hi)
         self._suspicions[node] = s
-        self._schedule(max(now, s.deadline), _T_SUSPECT, (node, s.token))
+        self._schedule(max(now, s.deadline), Timer.SUSPECT, (node, s.token))
         if len(self._suspicions) >= SWEEP_MIN_SUSPECTS:
             self._start_sweep(now)
 
@@ -587,7 +633,7 @@ class Swim:
         s.deadline = s.start + remaining_suspicion_time(n, s.k, 0.0, s.lo, s.hi)
         self._timer_seq += 1
         s.token = self._timer_seq
-        self._schedule(max(now, s.deadline), _T_SUSPECT, (node, s.token))
+        self._schedule(max(now, s.deadline), Timer.SUSPECT, (node, s.token))
         return True
 
     def _dead(self, node: str, inc: int, by: str, ots: int, hops: int, now: float) -> None:
@@ -606,7 +652,7 @@ class Swim:
         m.state, m.incarnation, m.state_change, m.state_change_us = state, inc, now, ts
         self._queue_dead(node, inc, by, ots, hops)
         self._events.append(MemberChanged(ts, node, m.addr, state, inc, by, ots, _eid(by, state, node, inc, ots), hops))
-        self._schedule(now + self.config.dead_reclaim_time, _T_REAP, (node, now))
+        self._schedule(now + self.config.dead_reclaim_time, Timer.REAP, (node, now))
 
     def _accused(self, inc: int, now: float) -> None:
         """Someone suspects us or declared us dead."""
@@ -626,7 +672,7 @@ class Swim:
         # at most one burst per HEAL_BURST_QUIET probe intervals (a flapping member
         # must not turn into a stream of full-state exchanges)
         self._burst_quiet_until = now + HEAL_BURST_QUIET * self.config.probe_interval
-        self._schedule(now + self.config.probe_interval * self.rng.random(), _T_HEAL_BURST, None)
+        self._schedule(now + self.config.probe_interval * self.rng.random(), Timer.HEAL_BURST, None)
 
     def _heal_burst(self, now: float) -> None:
         if self._burst_left <= 0 or self.leaving:
@@ -637,7 +683,7 @@ class Swim:
         if picked:
             self._pp_out.append((self.members[picked[0]].addr, self._push_pull_frame(now, join=False)))
         if self._burst_left > 0:
-            self._schedule(now + self.config.probe_interval, _T_HEAL_BURST, None)
+            self._schedule(now + self.config.probe_interval, Timer.HEAL_BURST, None)
 
     def _start_sweep(self, now: float) -> None:
         if self._sweep_left > 0 or self.leaving or now < self._sweep_quiet_until:
@@ -664,7 +710,7 @@ class Swim:
             return
         if self._sweep_left < SWEEP_ROUNDS:
             self._sweep_push(now)
-            self._schedule(now + self.config.probe_interval / 2, _T_SWEEP_PUSH, None)
+            self._schedule(now + self.config.probe_interval / 2, Timer.SWEEP_PUSH, None)
         self._sweep_left -= 1
         busy = {p.target for p in self._sweep.values()}
         if self._probe is not None:
@@ -688,11 +734,11 @@ class Swim:
             probe = _Probe(self._seq, node, now, self.health)
             self._sweep[self._seq] = probe
             self.stats.sweep_probes += 1
-            self._send(self.members[node].addr, [wire.encode_part([wire.PING, self._seq, node])])
-            self._schedule(now + self.config.probe_timeout, _T_SWEEP_DIRECT, self._seq)
-            self._schedule(now + self.config.probe_interval, _T_SWEEP_END, self._seq)
+            self._send(self.members[node].addr, [encode(Ping(self._seq, node))])
+            self._schedule(now + self.config.probe_timeout, Timer.SWEEP_DIRECT, self._seq)
+            self._schedule(now + self.config.probe_interval, Timer.SWEEP_END, self._seq)
         if self._sweep_left > 0:
-            self._schedule(now + self.config.probe_interval, _T_SWEEP, None)
+            self._schedule(now + self.config.probe_interval, Timer.SWEEP, None)
 
     def _refute(self, accused_inc: int, now: float) -> None:
         self.incarnation = max(self.incarnation + 1, accused_inc + 1)
@@ -712,18 +758,18 @@ class Swim:
     # ------------------------------------------------------------------ broadcasts
 
     def _queue_alive(self, node: str, inc: int, addr: Addr, origin: str, ots: int, hops: int) -> None:
-        self._queue.queue(("m", node), wire.encode_part([wire.ALIVE, node, inc, addr[0], addr[1], ots, hops]))
+        self._queue.queue(("m", node), encode(Alive(node, inc, addr[0], addr[1], ots, hops)))
 
     def _suspect_part(self, node: str, inc: int, by: str, ots: int, hops: int) -> bytes:
-        return wire.encode_part([wire.SUSPECT, node, inc, by, ots, hops])
+        return encode(Suspect(node, inc, by, ots, hops))
 
     def _queue_suspect(self, node: str, inc: int, by: str, ots: int, hops: int, key_extra: str | None = None) -> None:
         # confirmations ride under their own key so they do not displace the suspicion
-        key: tuple = ("m", node) if key_extra is None else ("c", node, key_extra)
+        key: Hashable = ("m", node) if key_extra is None else ("c", node, key_extra)
         self._queue.queue(key, self._suspect_part(node, inc, by, ots, hops))
 
     def _queue_dead(self, node: str, inc: int, by: str, ots: int, hops: int) -> None:
-        self._queue.queue(("m", node), wire.encode_part([wire.DEAD, node, inc, by, ots, hops]))
+        self._queue.queue(("m", node), encode(Dead(node, inc, by, ots, hops)))
 
     def _send(self, addr: Addr, parts: list[bytes]) -> None:
         """Send ``parts`` plus as many queued broadcasts as fit in one packet."""
@@ -744,65 +790,80 @@ class Swim:
 
     # ------------------------------------------------------------------ timers
 
-    def _schedule(self, when: float, kind: int, arg: Any) -> None:
+    def _schedule(self, when: float, kind: Timer, arg: TimerArg) -> None:
         self._timer_seq += 1
         heapq.heappush(self._timers, (when, self._timer_seq, kind, arg))
 
-    def _fire(self, kind: int, arg: Any, now: float) -> None:
-        if kind == _T_PROBE:
-            self._probe_tick(now)
-        elif kind == _T_DIRECT:
-            self._direct_timeout(arg, now)
-        elif kind == _T_GOSSIP:
-            self._gossip(now)
-            self._schedule(now + self.config.gossip_interval, _T_GOSSIP, None)
-        elif kind == _T_SUSPECT:
-            node, token = arg
-            s = self._suspicions.get(node)
-            if s is not None and s.token == token:
-                m = self.members[node]
-                if m.state == SUSPECT and m.incarnation == s.incarnation:
-                    self._dead(node, s.incarnation, self.id, self._ts(now), 0, now)
-        elif kind == _T_NACK:
-            relay = self._relays.get(arg)
-            if relay is not None and not relay.done and relay.want_nack:
-                self._send(relay.requester, [wire.encode_part([wire.NACK, relay.requester_seq])])
-        elif kind == _T_RELAY_EXPIRE:
-            self._relays.pop(arg, None)
-        elif kind == _T_PUSH_PULL:
-            if arg == self._pp_token:
-                self._periodic_push_pull(now)
-        elif kind == _T_REAP:
-            node, since = arg
-            m = self.members.get(node)
-            if m is not None and m.state in (DEAD, LEFT) and m.state_change == since:
-                del self.members[node]
-                self._remove_other(node)
-                if m.state == DEAD:
-                    self._lost[node] = (m.addr, since)
-        elif kind == _T_HEAL_BURST:
-            self._heal_burst(now)
-        elif kind == _T_SWEEP:
-            self._sweep_round(now)
-        elif kind == _T_SWEEP_PUSH:
-            if not self.leaving:
-                self._sweep_push(now)
-        elif kind == _T_SWEEP_DIRECT:
-            probe = self._sweep.get(arg)
-            if probe is not None and not probe.acked:
-                self._ask_helpers(probe, prefer=self._sweep_reached)
-        elif kind == _T_SWEEP_END:
-            probe = self._sweep.pop(arg, None)
-            if probe is not None and not probe.acked and not self.leaving:
-                self._probe_failed(probe, now, sweep=True)
-        elif kind == _T_RECONNECT:
-            self._reconnect(now)
-            self._schedule(now + self.config.reconnect_interval, _T_RECONNECT, None)
-        elif kind == _T_REJOIN:
-            if not self.leaving and self.seeds:
-                if not any(m.state in (ALIVE, SUSPECT) for m in self._iter_others()):
-                    self.join(self.seeds, now, remember=False)
-                self._schedule(now + self.config.rejoin_interval, _T_REJOIN, None)
+    # One handler per timer kind (``_TIMER_HANDLERS``), each given the timer's arg.
+
+    def _t_probe(self, arg: TimerArg, now: float) -> None:
+        self._probe_tick(now)
+
+    def _t_direct(self, arg: TimerArg, now: float) -> None:
+        self._direct_timeout(_seq_arg(arg), now)
+
+    def _t_gossip(self, arg: TimerArg, now: float) -> None:
+        self._gossip(now)
+        self._schedule(now + self.config.gossip_interval, Timer.GOSSIP, None)
+
+    def _t_suspect(self, arg: TimerArg, now: float) -> None:
+        node, token = _member_arg(arg)
+        s = self._suspicions.get(node)
+        if s is not None and s.token == token:
+            m = self.members[node]
+            if m.state == SUSPECT and m.incarnation == s.incarnation:
+                self._dead(node, s.incarnation, self.id, self._ts(now), 0, now)
+
+    def _t_nack(self, arg: TimerArg, now: float) -> None:
+        relay = self._relays.get(_seq_arg(arg))
+        if relay is not None and not relay.done and relay.want_nack:
+            self._send(relay.requester, [encode(Nack(relay.requester_seq))])
+
+    def _t_relay_expire(self, arg: TimerArg, now: float) -> None:
+        self._relays.pop(_seq_arg(arg), None)
+
+    def _t_push_pull(self, arg: TimerArg, now: float) -> None:
+        if arg == self._pp_token:  # else superseded by a restagger
+            self._periodic_push_pull(now)
+
+    def _t_reap(self, arg: TimerArg, now: float) -> None:
+        node, since = _member_arg(arg)
+        m = self.members.get(node)
+        if m is not None and m.state in (DEAD, LEFT) and m.state_change == since:
+            del self.members[node]
+            self._remove_other(node)
+            if m.state == DEAD:
+                self._lost[node] = (m.addr, since)
+
+    def _t_heal_burst(self, arg: TimerArg, now: float) -> None:
+        self._heal_burst(now)
+
+    def _t_sweep(self, arg: TimerArg, now: float) -> None:
+        self._sweep_round(now)
+
+    def _t_sweep_push(self, arg: TimerArg, now: float) -> None:
+        if not self.leaving:
+            self._sweep_push(now)
+
+    def _t_sweep_direct(self, arg: TimerArg, now: float) -> None:
+        probe = self._sweep.get(_seq_arg(arg))
+        if probe is not None and not probe.acked:
+            self._ask_helpers(probe, prefer=self._sweep_reached)
+
+    def _t_sweep_end(self, arg: TimerArg, now: float) -> None:
+        probe = self._sweep.pop(_seq_arg(arg), None)
+        if probe is not None and not probe.acked and not self.leaving:
+            self._probe_failed(probe, now, sweep=True)
+
+    def _t_reconnect(self, arg: TimerArg, now: float) -> None:
+        self._reconnect(now)
+        self._schedule(now + self.config.reconnect_interval, Timer.RECONNECT, None)
+
+    def _t_rejoin(self, arg: TimerArg, now: float) -> None:
+        if not self.leaving and self.seeds:
+            if not any(m.state in (ALIVE, SUSPECT) for m in self._iter_others()):
+                self.join(self.seeds, now, remember=False)
+            self._schedule(now + self.config.rejoin_interval, Timer.REJOIN, None)
 
     def _probe_tick(self, now: float) -> None:
         probe = self._probe
@@ -813,7 +874,7 @@ class Swim:
                 deadline = probe.start + scale_timeout(self.config.probe_interval, self.health)
                 probe.health_at_start = self.health
                 if deadline > now:
-                    self._schedule(deadline, _T_PROBE, None)
+                    self._schedule(deadline, Timer.PROBE, None)
                     return
             self._probe_failed(probe, now)
         self._probe = None
@@ -821,21 +882,21 @@ class Swim:
             return
         target = self._next_probe_target()
         interval = scale_timeout(self.config.probe_interval, self.health)
-        self._schedule(now + interval, _T_PROBE, None)
+        self._schedule(now + interval, Timer.PROBE, None)
         if target is None:
             return
         m = self.members[target]
         self._seq += 1
         self._probe = _Probe(self._seq, target, now, self.health)
         self.stats.probes += 1
-        parts = [wire.encode_part([wire.PING, self._seq, target])]
+        parts = [encode(Ping(self._seq, target))]
         if m.state == SUSPECT and self.config.lifeguard:
             # buddy system: tell a suspect directly, so it refutes at once
             s = self._suspicions.get(target)
             if s is not None:
                 parts.append(self._suspect_part(target, s.incarnation, s.accuser, s.accused_ts_us, 0))
         self._send(m.addr, parts)
-        self._schedule(now + self.config.probe_timeout, _T_DIRECT, self._seq)
+        self._schedule(now + self.config.probe_timeout, Timer.DIRECT, self._seq)
 
     def _direct_timeout(self, seq: int, now: float) -> None:
         probe = self._probe
@@ -868,14 +929,14 @@ class Swim:
         want_nack = self.config.lifeguard
         for hid in helpers:
             h = self.members[hid]
-            part = wire.encode_part([wire.PING_REQ, probe.seq, probe.target, target.addr[0], target.addr[1], want_nack])
+            part = encode(PingReq(probe.seq, probe.target, target.addr[0], target.addr[1], want_nack))
             self._send(h.addr, [part])
         if want_nack:
             probe.expected_nacks = len(helpers)
         if self.config.tcp_fallback:
             # memberlist's fallback: a stream is not lost to UDP loss, so a live target
             # answers it even when every datagram of this probe was dropped
-            frame = wire.encode_frame_body(wire.PING, self.id, {"seq": probe.seq, "target": probe.target})
+            frame = StreamPing(self.id, probe.seq, probe.target).to_wire()
             self._pp_out.append((target.addr, frame))
 
     def _probe_failed(self, probe: _Probe, now: float, *, sweep: bool = False) -> None:
@@ -971,7 +1032,7 @@ class Swim:
 
     def _periodic_push_pull(self, now: float) -> None:
         n = len(self.members)
-        self._schedule(now + push_pull_scale(self.config.push_pull_interval, n), _T_PUSH_PULL, self._pp_token)
+        self._schedule(now + push_pull_scale(self.config.push_pull_interval, n), Timer.PUSH_PULL, self._pp_token)
         if self.leaving:
             return
         picked = self._random_members(1, exclude=None, states=(ALIVE,))
@@ -980,48 +1041,39 @@ class Swim:
 
     def _push_pull_frame(self, now: float, *, join: bool, reply: bool = False) -> bytes:
         members = [
-            [m.id, m.addr[0], m.addr[1], m.state, m.incarnation, m.state_change_us]
+            MemberEntry(m.id, m.addr[0], m.addr[1], m.state, m.incarnation, m.state_change_us).to_wire()
             for m in self.members.values()
         ]
         user = {name: get() for name, (get, _merge) in self.push_pull_providers.items()}
-        return wire.encode_frame_body(
-            wire.PUSH_PULL,
-            self.id,
-            {
-                "cluster": self.cluster_name, "join": join, "reply": reply, "members": members, "user": user,
-                "broadcasts": self._recent_broadcasts(now),
-            },
-        )
+        return PushPull(self.id, self.cluster_name, join, reply, members, user, self._recent_broadcasts(now)).to_wire()
 
     def handle_stream(self, body: bytes, now: float) -> bytes | None:
         """Answer an incoming stream request: push-pull with our own state, a TCP
         ping with an ack (None: refused, close the stream)."""
-        env = self._decode_stream(body)
-        if env is None:
+        req = self._decode_stream(body)
+        if req is None or isinstance(req, StreamAck):
             return None
-        if env["t"] == wire.PING:
-            if env.get("target") != self.id or not isinstance(env.get("seq"), int):
-                return None
-            return wire.encode_frame_body(wire.ACK, self.id, {"seq": env["seq"]})
+        if isinstance(req, StreamPing):
+            return StreamAck(self.id, req.seq).to_wire() if req.target == self.id else None
         reply = self._push_pull_frame(now, join=False, reply=True)
-        self._merge(env, now)
+        self._merge(req, now)
         return reply
 
     def receive_stream_reply(self, body: bytes, now: float) -> None:
-        env = self._decode_stream(body)
-        if env is None:
+        req = self._decode_stream(body)
+        if req is None or isinstance(req, StreamPing):
             return
-        if env["t"] == wire.ACK:
+        if isinstance(req, StreamAck):
             probe = self._probe
-            if probe is None or probe.seq != env.get("seq"):
-                probe = self._sweep.get(env.get("seq"))  # type: ignore[arg-type]
+            if probe is None or probe.seq != req.seq:
+                probe = self._sweep.get(req.seq)
             if probe is not None and not probe.acked:
                 # reachable over TCP although UDP failed: do not accuse (and do not
                 # count it as a healthy probe either)
                 probe.acked = True
                 self.stats.fallback_acks += 1
             return
-        self._merge(env, now)
+        self._merge(req, now)
 
     def _reconnect(self, now: float) -> None:
         if self.leaving:
@@ -1050,24 +1102,23 @@ class Swim:
         tries[node] = (now + delay * (0.5 + 0.5 * self.rng.random()), delay)
         self._pp_out.append((lost[node], lambda: self._push_pull_frame(now, join=False)))
 
-    def _decode_stream(self, body: bytes) -> dict | None:
+    def _decode_stream(self, body: bytes) -> StreamRequest | None:
         try:
-            env = wire.decode_frame_body(body)
-        except wire.UnsupportedVersion:
+            req = decode_stream(body)
+        except wire.UnsupportedVersion as exc:
             self.stats.bad_version += 1
+            log.debug("dropped a stream frame: %s", exc)
             return None
-        except wire.WireError:
-            self.stats.malformed += 1
+        except wire.MalformedPacket as exc:
+            self._malformed(exc, None)
             return None
-        if env["t"] in (wire.PING, wire.ACK):
-            return env
-        if env["t"] != wire.PUSH_PULL or env.get("cluster") != self.cluster_name or not isinstance(env.get("members"), list):
-            self.stats.malformed += 1
+        if isinstance(req, PushPull) and req.cluster != self.cluster_name:
+            self._malformed(MalformedMessage(f"push-pull of cluster {req.cluster!r}", reason="other_cluster"), None)
             return None
-        return env
+        return req
 
-    def _merge(self, env: dict, now: float) -> None:
-        sender = env["from"]
+    def _merge(self, pp: PushPull, now: float) -> None:
+        sender = pp.sender
         # a sender we could not reach until now (back from a split, or new) brings a
         # stale view of the members we do reach: its "dead" about them is no ground
         # for suspicion (thousands of such accusations after a large heal would
@@ -1075,21 +1126,20 @@ class Swim:
         # and about members we also lost still counts
         s = self.members.get(sender)
         trusted = s is not None and s.state in (ALIVE, SUSPECT)
-        for entry in env["members"]:
+        for raw in pp.members:
             try:
-                node, host, port, state, inc, changed_us = entry
-                addr = (str(host), int(port))
-                inc = int(inc)
-                changed_us = int(changed_us)
-            except (TypeError, ValueError):
-                self.stats.malformed += 1
+                entry = MemberEntry.from_wire(raw)
+            except MalformedMessage as exc:
+                self._malformed(exc, None)
                 continue
+            node, state, inc, changed_us = entry.node, entry.state, entry.incarnation, entry.changed_us
+            addr = (entry.host, entry.port)
             origin = node if state == ALIVE else sender
             if state == ALIVE:
                 self._alive(node, inc, addr, origin, changed_us, 1, now)
             elif state == LEFT:
                 self._dead(node, inc, node, changed_us, 1, now)
-            elif state in (SUSPECT, DEAD):
+            else:  # suspect or dead
                 if node == self.id and state == DEAD:
                     self._start_heal_burst(now)  # the far side of a split held us dead
                 if not trusted and node != self.id:
@@ -1103,18 +1153,16 @@ class Swim:
                 # its "dead" dates from its verdict, which says nothing about how long
                 # the accused has had to refute here
                 self._suspect(node, inc, sender, changed_us, 1, now, credit=state == SUSPECT)
-        broadcasts = env.get("broadcasts")
-        if isinstance(broadcasts, list):
-            for entry in broadcasts:
-                try:
-                    self._on_user([wire.USER, *entry], sender, ("", 0), now)
-                except (TypeError, ValueError, KeyError, IndexError, OverflowError):
-                    self.stats.malformed += 1
-        user = env.get("user")
-        if isinstance(user, dict):
-            for name, (_get, merge) in self.push_pull_providers.items():
-                if name in user:
-                    merge(user[name])
+        for raw in pp.broadcasts:
+            try:
+                msg = User.from_retained(raw)
+            except MalformedMessage as exc:
+                self._malformed(exc, None)
+                continue
+            self._on_user(msg, sender, ("", 0), now)
+        for name, (_get, merge) in self.push_pull_providers.items():
+            if name in pp.user:
+                merge(pp.user[name])
 
     # ------------------------------------------------------------------ misc
 
@@ -1131,13 +1179,72 @@ def _eid(origin: str, state: str, node: str, inc: int, ots: int) -> str:
     return f"{origin}:{state}:{node}:{inc}:{ots}"
 
 
-_HANDLERS: dict[str, Callable[[Swim, dict, str, Addr, float], None]] = {
-    wire.PING: Swim._on_ping,
-    wire.ACK: Swim._on_ack,
-    wire.NACK: Swim._on_nack,
-    wire.PING_REQ: Swim._on_ping_req,
-    wire.ALIVE: Swim._on_alive,
-    wire.SUSPECT: Swim._on_suspect,
-    wire.DEAD: Swim._on_dead,
-    wire.USER: Swim._on_user,
+def _seq_arg(arg: TimerArg) -> int:
+    assert isinstance(arg, int), arg
+    return arg
+
+
+def _member_arg(arg: TimerArg) -> tuple[str, float]:
+    assert isinstance(arg, tuple), arg
+    return arg
+
+
+M = TypeVar("M", Ping, Ack, Nack, PingReq, Alive, Suspect, Dead, User)
+Receiver = Callable[[Swim, list[object], str, Addr, float], None]
+
+
+def _route(decode: Callable[[list[object]], M], handle: Callable[[Swim, M, str, Addr, float], None]) -> Receiver:
+    """A receiver for one message type: decode (raises ``MalformedMessage``), then handle."""
+
+    def receive(swim: Swim, raw: list[object], sender: str, addr: Addr, now: float) -> None:
+        handle(swim, decode(raw), sender, addr, now)
+
+    return receive
+
+
+def _receive_user(swim: Swim, raw: list[object], sender: str, addr: Addr, now: float) -> None:
+    """``_route(User.from_wire, Swim._on_user)``, with duplicates (most user messages
+    in a large cluster) dropped on their version before a record is built."""
+    if len(raw) == 8:
+        _, kind, key, origin, ots, seq, payload, hops = raw
+        if (type(kind) is str and type(key) is str and type(origin) is str and type(ots) is int
+                and type(seq) is int and type(hops) is int):
+            prev = swim._user_seen.get((kind, key))
+            if prev is not None and (ots, seq, origin) <= prev:
+                return
+            swim._on_user(User(kind, key, origin, ots, seq, payload, hops), sender, addr, now)
+            return
+    User.from_wire(raw)  # raises MalformedMessage with the reason
+    raise AssertionError("User.from_wire accepted what the fast path refused")
+
+
+# keyed by the message's first item (a str: decode_packet checked)
+_RECEIVERS: dict[object, Receiver] = {
+    wire.PING: _route(Ping.from_wire, Swim._on_ping),
+    wire.ACK: _route(Ack.from_wire, Swim._on_ack),
+    wire.NACK: _route(Nack.from_wire, Swim._on_nack),
+    wire.PING_REQ: _route(PingReq.from_wire, Swim._on_ping_req),
+    wire.ALIVE: _route(Alive.from_wire, Swim._on_alive),
+    wire.SUSPECT: _route(Suspect.from_wire, Swim._on_suspect),
+    wire.DEAD: _route(Dead.from_wire, Swim._on_dead),
+    wire.USER: _receive_user,
 }
+
+_TIMER_HANDLERS: dict[Timer, Callable[[Swim, TimerArg, float], None]] = {
+    Timer.PROBE: Swim._t_probe,
+    Timer.DIRECT: Swim._t_direct,
+    Timer.GOSSIP: Swim._t_gossip,
+    Timer.PUSH_PULL: Swim._t_push_pull,
+    Timer.SUSPECT: Swim._t_suspect,
+    Timer.NACK: Swim._t_nack,
+    Timer.RELAY_EXPIRE: Swim._t_relay_expire,
+    Timer.REAP: Swim._t_reap,
+    Timer.REJOIN: Swim._t_rejoin,
+    Timer.RECONNECT: Swim._t_reconnect,
+    Timer.HEAL_BURST: Swim._t_heal_burst,
+    Timer.SWEEP: Swim._t_sweep,
+    Timer.SWEEP_DIRECT: Swim._t_sweep_direct,
+    Timer.SWEEP_END: Swim._t_sweep_end,
+    Timer.SWEEP_PUSH: Swim._t_sweep_push,
+}
+assert set(_TIMER_HANDLERS) == set(Timer), "every timer kind has a handler"

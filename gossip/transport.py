@@ -107,7 +107,7 @@ class NetTransport(Transport):
                 continue
             for family, _, _, _, sa in infos:
                 if family == self.family:
-                    out.append((sa[0], sa[1]))
+                    out.append((str(sa[0]), int(sa[1])))
                     break
         return out
 

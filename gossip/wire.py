@@ -23,7 +23,7 @@ TCP (push-pull) frames are one envelope behind a 4-byte big-endian length.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Mapping
 
 import cbor2
 
@@ -44,7 +44,12 @@ COMPOUND = "compound"
 
 
 class WireError(Exception):
-    """A packet or frame we must drop (counted by the caller, never fatal)."""
+    """A packet or frame we must drop (counted by the caller, never fatal);
+    ``reason`` is the short label it is counted under."""
+
+    def __init__(self, message: str, *, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class MalformedPacket(WireError):
@@ -52,10 +57,11 @@ class MalformedPacket(WireError):
 
 
 class UnsupportedVersion(WireError):
-    pass
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="bad_version")
 
 
-def encode_part(msg: list[Any]) -> bytes:
+def encode_part(msg: list[object]) -> bytes:
     return cbor2.dumps(msg)
 
 
@@ -87,17 +93,17 @@ class PacketEncoder:
         return self.prefix + _array_header(len(parts)) + b"".join(parts)
 
 
-def decode_packet(data: bytes) -> tuple[str, list[list[Any]]]:
+def decode_packet(data: bytes) -> tuple[str, list[list[object]]]:
     """Return (sender, messages) or raise WireError."""
     env = _decode_envelope(data)
     if env["t"] != COMPOUND:
-        raise MalformedPacket(f"UDP envelope of type {env['t']!r}")
+        raise MalformedPacket(f"UDP envelope of type {env['t']!r}", reason="not_compound")
     parts = env.get("m")
     if not isinstance(parts, list):
-        raise MalformedPacket("compound without message list")
+        raise MalformedPacket("compound without message list", reason="no_messages")
     for part in parts:
         if not isinstance(part, list) or not part or not isinstance(part[0], str):
-            raise MalformedPacket("compound part is not a typed array")
+            raise MalformedPacket("compound part is not a typed array", reason="untyped_message")
     return env["from"], parts
 
 
@@ -105,23 +111,25 @@ def _decode_envelope(data: bytes) -> dict[str, Any]:
     try:
         env = cbor2.loads(data)
     except Exception as exc:  # cbor2 raises several types on hostile input
-        raise MalformedPacket(f"not CBOR: {exc}") from None
+        raise MalformedPacket(f"not CBOR: {exc}", reason="not_cbor") from None
     if not isinstance(env, dict):
-        raise MalformedPacket("envelope is not a map")
+        raise MalformedPacket("envelope is not a map", reason="bad_envelope")
     if env.get("v") != VERSION:
         raise UnsupportedVersion(f"version {env.get('v')!r}")
     if not isinstance(env.get("t"), str) or not isinstance(env.get("from"), str):
-        raise MalformedPacket("envelope lacks t or from")
+        raise MalformedPacket("envelope lacks t or from", reason="bad_envelope")
     return env
 
 
-def encode_frame_body(msg_type: str, sender: str, fields: dict[str, Any]) -> bytes:
-    env = {"v": VERSION, "t": msg_type, "from": sender}
+def encode_frame_body(msg_type: str, sender: str, fields: Mapping[str, object]) -> bytes:
+    env: dict[str, object] = {"v": VERSION, "t": msg_type, "from": sender}
     env.update(fields)
     return cbor2.dumps(env)
 
 
 def decode_frame_body(data: bytes) -> dict[str, Any]:
+    """The envelope of a stream frame: a map whose ``t`` and ``from`` are strings
+    (the rest is the caller's to check)."""
     return _decode_envelope(data)
 
 
@@ -133,7 +141,9 @@ def frame(body: bytes) -> bytes:
 
 
 def frame_length(header: bytes) -> int:
-    (n,) = struct.unpack(">I", header)
+    n = int.from_bytes(header, "big")
+    if len(header) != 4:
+        raise MalformedPacket(f"frame header of {len(header)} bytes", reason="bad_frame")
     if n > MAX_FRAME:
-        raise MalformedPacket(f"frame of {n} bytes exceeds {MAX_FRAME}")
+        raise MalformedPacket(f"frame of {n} bytes exceeds {MAX_FRAME}", reason="frame_too_large")
     return n

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from gossip.config import GossipConfig
+from gossip.events import MemberState
 from gossip.formulas import suspicion_timeout
 
-ALIVE = "alive"
-SUSPECT = "suspect"
-DEAD = "dead"
-LEFT = "left"
-_STATES = (ALIVE, SUSPECT, DEAD, LEFT)
+ALIVE = MemberState.ALIVE
+SUSPECT = MemberState.SUSPECT
+DEAD = MemberState.DEAD
+LEFT = MemberState.LEFT
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ class PartitionDetector:
         # nobody came back for this long: stop waiting (gossip stops reconnecting too)
         self.give_up_after = give_up_after
         self.expired_total = 0
-        self.states: dict[str, str] = {}  # other members' last known state
+        self.states: dict[str, MemberState] = {}  # other members' last known state
         self.active: dict[str, Partition] = {}
         self.detected_total = 0
         self.healed_total = 0
@@ -150,9 +150,12 @@ class PartitionDetector:
                 self.states[m] = ALIVE
                 self._alive.add(m)
 
-    def member_changed(self, member: str, state: str, now: float) -> list[PartitionDetected | PartitionHealed]:
-        if state not in _STATES:
-            raise ValueError(f"unknown member state {state!r}")
+    def member_changed(self, member: str, state: MemberState | str, now: float) -> list[PartitionDetected | PartitionHealed]:
+        if type(state) is not MemberState:
+            try:
+                state = MemberState(state)
+            except ValueError:
+                raise ValueError(f"unknown member state {state!r}") from None
         if member == self.node_id:
             return []
         prev = self.states.get(member)
@@ -269,7 +272,7 @@ class PartitionDetector:
 
     # ------------------------------------------------------------------ internals
 
-    def _account(self, member: str, prev: str | None, state: str | None) -> None:
+    def _account(self, member: str, prev: MemberState | None, state: MemberState | None) -> None:
         for st, bucket in ((prev, -1), (state, 1)):
             if st == ALIVE:
                 (self._alive.add if bucket > 0 else self._alive.discard)(member)

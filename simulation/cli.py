@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
+from clock import Clock
 
+if TYPE_CHECKING:
+    from simulation.membership import SimParams
 
 def _fraction(text: str) -> float:
     value = float(text)
@@ -60,7 +63,7 @@ def simulate_parser() -> argparse.ArgumentParser:
 
 
 def simulate_main(argv: list[str]) -> int:
-    from simulation.membership import SimParams, Simulation, parse_partition
+    from simulation.membership import SimParams, parse_partition
 
     args = simulate_parser().parse_args(argv)
     if args.nodes < 2:
@@ -108,15 +111,26 @@ def simulate_main(argv: list[str]) -> int:
         overrides=overrides,
         join=args.join,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    sim = Simulation(params, out_dir=out, progress=None if args.no_progress else sys.stderr)
-    result = sim.run()
-    summary = result.summary()
-    summary["dead_bound_s"] = round(sim.dead_bound(), 3)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary = run_to(Path(args.out), params, progress=None if args.no_progress else sys.stderr)
     print(_summary_line(summary))
     return 0
+
+
+def run_to(
+    out: Path, params: SimParams, *, progress: TextIO | None = None, wall_clock: Clock | None = None,
+    cpu_clock: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    """Run one simulation, write its traces and ``summary.json`` under ``out``, return
+    the summary.  The same params (seed included) write the same files, but for the
+    wall and CPU figures, which come from ``wall_clock`` / ``cpu_clock``."""
+    from simulation.membership import Simulation
+
+    out.mkdir(parents=True, exist_ok=True)
+    sim = Simulation(params, out_dir=out, progress=progress, wall_clock=wall_clock, cpu_clock=cpu_clock)
+    summary = sim.run().summary()
+    summary["dead_bound_s"] = round(sim.dead_bound(), 3)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def _summary_line(s: dict[str, Any]) -> str:

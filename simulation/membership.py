@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from clock import Clock, SystemClock
 from gossip.config import GossipConfig, preset
-from gossip.events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, ProbeFailed
+from gossip.events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, MemberState, ProbeFailed, SwimEvent
 from gossip.formulas import suspicion_bounds, suspicion_timeout
 from gossip.swim import Swim, frame_body
 from gossip.trace import NullTraceWriter, TraceWriter
-from netsplit.detector import PartitionDetector, detector_for
+from netsplit.detector import PartitionDetected, PartitionDetector, PartitionHealed, detector_for
 from netsplit.records import trace_fields
 
 PORT = 7946
@@ -101,7 +102,7 @@ class SimResult:
     partition: dict[str, Any] = field(default_factory=dict)  # ground-truth split figures
 
     def crash_detection(self) -> list[float]:
-        out = []
+        out: list[float] = []
         for node, at in self.crashed.items():
             out.extend(t - at for t in self.dead_seen.get(node, {}).values())
         return out
@@ -158,6 +159,11 @@ def node_name(i: int) -> str:
     return f"n{i}"
 
 
+def node_seed(seed: int, i: int) -> int:
+    """Node ``i``'s RNG seed, derived from the run's one seed."""
+    return seed * 1_000_003 + i
+
+
 class Simulation:
     def __init__(
         self,
@@ -165,11 +171,20 @@ class Simulation:
         *,
         out_dir: str | Path | None = None,
         progress: TextIO | None = None,
-        on_event: Callable[[int, float, Any], None] | None = None,
+        on_event: Callable[[int, float, SwimEvent], None] | None = None,
+        wall_clock: Clock | None = None,
+        cpu_clock: Callable[[], float] | None = None,
     ) -> None:
+        """Virtual time is ``self.now``; ``wall_clock`` (default: the system's) and
+        ``cpu_clock`` only measure how fast the run went.  Every random choice comes
+        from ``params.seed``: the network's and the workload's RNG, and one per node
+        derived from it, so a seed replays exactly."""
         self.p = params
         self.cfg = params.gossip_config()
         self.rng = random.Random(params.seed)
+        self.wall_clock: Clock = wall_clock if wall_clock is not None else SystemClock()
+        self.cpu_clock = cpu_clock if cpu_clock is not None else time.process_time
+        self.cpu_seconds = 0.0
         self.progress = progress
         self.on_event = on_event
         n = params.nodes
@@ -201,7 +216,7 @@ class Simulation:
                 if old.name.split(".jsonl")[0] in self.index:
                     old.unlink()
         for i, name in enumerate(self.names):
-            node_rng = random.Random(params.seed * 1_000_003 + i)
+            node_rng = random.Random(node_seed(params.seed, i))
             sw = Swim(name, (name, PORT), now=0.0, rng=node_rng, config=self.cfg)
             self.nodes.append(sw)
             self.detectors.append(detector_for(name, self.cfg))
@@ -212,7 +227,7 @@ class Simulation:
         self._not_alive = [0] * n
         self.far_all_dead_at: dict[int, float] = {}
         self.one_view_at: dict[int, float] = {}
-        self.partition_events: list[tuple[int, Any]] = []
+        self.partition_events: list[tuple[int, PartitionDetected | PartitionHealed]] = []
         self._far_suspect: dict[tuple[int, int], float] = {}
         self._suspect_to_dead: tuple[list[float], list[float]] = ([], [])
         # stats
@@ -336,7 +351,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ observations
 
-    def _record(self, i: int, evs: list[Any]) -> None:
+    def _record(self, i: int, evs: list[SwimEvent]) -> None:
         w = self.writers[i]
         name = self.names[i]
         now = self.now
@@ -376,30 +391,31 @@ class Simulation:
                 if not self._was_unhealthy(j, ev.started, now) and not self._cut_during(i, j, ev.started):
                     self.false_suspicions += 1
 
-    def _detect(self, i: int, j: int, member: str, state: str, now: float) -> None:
+    def _detect(self, i: int, j: int, member: str, state: MemberState, now: float) -> None:
         det = self.detectors[i]
         prev = det.states.get(member)
+        side = self.side[i]
         if self.p.partition is not None:
             if (prev in (None, "alive")) != (state == "alive"):
                 self._not_alive[i] += 1 if state != "alive" else -1
                 if self._not_alive[i] == 0 and self.p.heal_at is not None and now >= self.p.heal_at:
                     self.one_view_at[i] = now
-            if self.side[i] is not None and self.side[j] is not None and self.side[i] != self.side[j]:
+            if side is not None and self.side[j] is not None and side != self.side[j]:
                 if state == SUSPECT and prev in (None, "alive"):
                     self._far_suspect[(i, j)] = now
                 if state == DEAD and prev != DEAD:
                     t0 = self._far_suspect.pop((i, j), None)
                     if t0 is not None:
-                        self._suspect_to_dead[self.side[i]].append(now - t0)
+                        self._suspect_to_dead[side].append(now - t0)
                     self._far_dead[i] += 1
-                    far = len(self.p.partition[1 - self.side[i]])
+                    far = len(self.p.partition[1 - side])
                     if self._far_dead[i] == far and now >= self.p.partition_at:
                         self.far_all_dead_at.setdefault(i, now)
                 elif prev == DEAD and state != DEAD:
                     self._far_dead[i] -= 1
         self._detected(i, det.member_changed(member, state, now))
 
-    def _detected(self, i: int, evs: list[Any]) -> None:
+    def _detected(self, i: int, evs: list[PartitionDetected | PartitionHealed]) -> None:
         det = self.detectors[i]
         for ev in evs:
             self.partition_events.append((i, ev))
@@ -444,8 +460,8 @@ class Simulation:
 
     def run(self) -> SimResult:
         p = self.p
-        wall0 = time.perf_counter()
-        cpu0 = time.process_time()
+        wall0 = self.wall_clock.now()
+        cpu0 = self.cpu_clock()
         # a million member records are born at once and live for the whole run: keep
         # the cyclic GC from re-scanning them over and over (it cost a third of a
         # 1,000-node run)
@@ -512,8 +528,8 @@ class Simulation:
                 self._control(kind, args)
         self.now = end
         gc.unfreeze()  # let a later run (or test) collect this one
-        wall = time.perf_counter() - wall0
-        self.cpu_seconds = time.process_time() - cpu0
+        wall = self.wall_clock.now() - wall0
+        self.cpu_seconds = self.cpu_clock() - cpu0
         for w in self.writers:
             w.close()
         if self.progress is not None:
@@ -642,7 +658,7 @@ class Simulation:
         out: dict[str, Any] = {"suspicion_timeout_plus_3_s": round(bound, 3)}
         for side, members in enumerate(p.partition):
             times = [self.far_all_dead_at[i] - p.partition_at for i in members if i in self.far_all_dead_at]
-            det = [ev.detection_s for i, ev in self.partition_events if i in members and type(ev).__name__ == "PartitionDetected"]
+            det = [ev.detection_s for i, ev in self.partition_events if i in members and isinstance(ev, PartitionDetected)]
             out[f"side_{'ab'[side]}"] = {
                 "nodes": len(members),
                 "marked_other_dead": len(times),
@@ -661,7 +677,7 @@ class Simulation:
             out.update(
                 one_view_nodes=len(heal), live_nodes=len(live),
                 heal_p50_s=_pct(heal, 50), heal_p99_s=_pct(heal, 99), heal_max_s=round(max(heal), 3) if heal else None,
-                healed_events=sum(1 for _, ev in self.partition_events if type(ev).__name__ == "PartitionHealed"),
+                healed_events=sum(1 for _, ev in self.partition_events if isinstance(ev, PartitionHealed)),
             )
         return out
 

@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import trio
 
+import gossip.__main__ as gossip_main
+from gossip.keyring import Keyring, parse_key
 from gossip.service import GossipService
+from mesh.config import load_settings
 from gossip.trace import NullTraceWriter, TraceWriter
 
 KEY_A = base64.b64encode(b"A" * 32).decode()
@@ -182,3 +186,17 @@ async def test_registered_stream_handler_owns_streams_of_its_frame_type() -> Non
         assert seen and seen[0]["t"] == "link_hello"
         assert svc.member_address("k0") == ("127.0.0.1", node.port)
         nursery.cancel_scope.cancel()
+
+
+def test_the_cluster_key_comes_from_the_caller_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESHD_CLUSTER_KEY", KEY_A)
+    assert make("x", []).keyring is None  # the service reads no environment
+    # the node: mesh.config resolves MESHD_CLUSTER_KEY and hands it over
+    settings = load_settings({}, env={"MESHD_CLUSTER_KEY": KEY_A})
+    keyring = make("x", [], cluster_key=settings.cluster_key).keyring
+    assert keyring is not None
+    assert Keyring([parse_key(KEY_A)]).open(keyring.seal(b"hello", b"aad"), b"aad") == b"hello"
+    # python -m gossip: the same variable, resolved by its command line
+    assert gossip_main.parser().parse_args(["--node-id", "g"]).cluster_key == KEY_A
+    assert gossip_main.parser().parse_args(["--node-id", "g", "--cluster-key", KEY_B]).cluster_key == KEY_B
+

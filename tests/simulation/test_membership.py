@@ -3,12 +3,16 @@ reach, Lifeguard against slow members, partitions, traces."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from simulation.cli import simulate_main
+from clock import ManualClock
+from simulation.cli import run_to, simulate_main
+from tests.support import meshd_command, subprocess_env
 from simulation.membership import SimParams, Simulation, parse_partition
 from gossip.trace import TRACE_FIELDS, TRACE_KINDS
 
@@ -139,6 +143,53 @@ def test_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     summary = json.loads((out / "summary.json").read_text())
     assert summary["nodes"] == 20 and summary["crashed"] == 1
     assert len(list(out.glob("n*.jsonl"))) == 20
+
+
+class TickingClock(ManualClock):
+    """Each reading moves the clock on by one second: elapsed times are then known."""
+
+    def now(self) -> float:
+        self.advance(1.0)
+        return super().now()
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def test_a_seed_replays_exactly_summary_json_and_traces(tmp_path: Path) -> None:
+    # a partition and its heal, crashes, stalls, loss, duplicates and broadcasts: every
+    # random choice of the run comes from the one seed
+    params = SimParams(
+        nodes=30, seconds=25, loss=0.05, duplicate=0.02, crash=2, crash_at=4, stall=0.1, broadcasts_per_s=2,
+        partition=({*range(0, 20)}, {*range(20, 30)}), partition_at=6, heal_at=14, seed=11,
+    )
+    runs = []
+    for name in ("a", "b"):
+        summary = run_to(tmp_path / name, params, wall_clock=TickingClock(), cpu_clock=lambda: 0.0)
+        runs.append(_files(tmp_path / name))
+    assert runs[0] == runs[1]  # summary.json and every node's trace, byte for byte
+    assert summary["wall_s"] == 1.0 and summary["cpu_s"] == 0.0  # the injected clocks measured the run
+    other = run_to(tmp_path / "c", dataclasses.replace(params, seed=12), wall_clock=TickingClock(), cpu_clock=lambda: 0.0)
+    assert other != json.loads(runs[0]["summary.json"])
+
+
+def test_meshd_simulate_same_seed_same_summary_across_processes(tmp_path: Path) -> None:
+    # separate processes with different string hashing: nothing may depend on set order
+    argv = ["simulate", "--nodes", "25", "--seconds", "12", "--loss", "0.05", "--crash", "1", "--crash-at", "3",
+            "--broadcasts-per-s", "1", "--partition", "0-14|15-24", "--partition-at", "4", "--heal-at", "8",
+            "--seed", "5", "--no-progress"]
+    summaries = []
+    for i, hash_seed in enumerate(("1", "2")):
+        out = tmp_path / f"run{i}"
+        env = {**subprocess_env(), "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([*meshd_command(), *argv, "--out", str(out)], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        for k in ("wall_s", "speed_x", "cpu_s", "cpu_speed_x"):  # how fast this machine was
+            summary.pop(k)
+        summaries.append(summary)
+    assert summaries[0] == summaries[1]
 
 
 def test_simulate_cli_passes_gossip_overrides_and_records_them(tmp_path: Path) -> None:
