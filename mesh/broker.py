@@ -105,13 +105,18 @@ class BrokerStats:
         self.window_full = 0  # QoS >= 1 deliveries queued behind a full inflight window
 
 
+def _nothing() -> None:
+    pass
+
+
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
 
 
 
 class Broker:
     def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
-                 clock: Clock | None = None, mesh: Mesh | None = None) -> None:
+                 clock: Clock | None = None, mesh: Mesh | None = None,
+                 on_timer_change: Callable[[], None] | None = None) -> None:
         self.limits = limits or BrokerLimits()
         self.node_id = node_id
         self.store: SessionStore = store if store is not None else MemoryStore()
@@ -133,8 +138,8 @@ class Broker:
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
-        # Set by the node: called when an earlier timer deadline appears.
-        self.on_timer_change: Callable[[], None] = lambda: None
+        # Called when an earlier timer deadline appears (the node's timer task wakes).
+        self.on_timer_change: Callable[[], None] = on_timer_change if on_timer_change is not None else _nothing
         # The rest of the cluster, when this node is part of one.
         self.mesh = mesh
         self._durable_callbacks: list[tuple[int, Callable[[], None]]] = []

@@ -42,6 +42,7 @@ from mesh.streams import SocketByteStream
 from mesh.parking import ParkingLot
 from mqtt import ReasonCode
 from mesh.sys_topics import SysPublisher
+from mesh.doorbell import Doorbell
 from mesh.ws import WebSocketByteStream, accept_mqtt
 from gossip.service import GossipService
 from mesh.config_sync import ConfigSync
@@ -90,11 +91,14 @@ class Node:
         self.settings = settings
         self.clock: Clock = clock if clock is not None else TrioClock()
         self.node_id = node_id or resolve_node_id(settings)
-        self.security = Security(settings, clock=self.clock)
+        # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
+        gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
+        partition_view = PartitionView(detector_for(self.node_id, gossip_config), clock=self.clock)
+        self.security = Security(settings, clock=self.clock, in_minority=partition_view.in_minority)
         store_path = os.path.join(settings.data_dir, "sessions")
-        self._store_dirty = trio.Event()
+        self._store_dirty = Doorbell()
         try:
-            self.store = RocksStore(store_path, on_dirty=lambda: self._store_dirty.set())
+            self.store = RocksStore(store_path, on_dirty=self._store_dirty.ring)
         except StoreOpenError as exc:
             raise ConfigError("data_dir", str(exc)) from None
         recovered = self.store.load()
@@ -106,9 +110,6 @@ class Node:
         self.trace: TraceWriter | NullTraceWriter = (
             TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
         )
-        # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
-        gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
-        partition_view = PartitionView(detector_for(self.node_id, gossip_config), clock=self.clock)
         self.gossip = GossipService(
             node_id=self.node_id,
             bind_host=settings.gossip.host,
@@ -124,12 +125,12 @@ class Node:
             partitions=partition_view,
         )
         self.partitions = PartitionMonitor(partition_view, self.gossip, self.trace, clock=self.clock)
-        self.security.in_minority = self.partitions.in_minority
         # The broker and the cluster share the mesh port (route answers, forwards, route
         # changes): built first, so neither is wired into the other after the fact.
         self.mesh = MeshPort(RouteTable(self.node_id, self.route_epoch), self.gossip)
+        self._timers_changed = Doorbell()
         self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store, clock=self.clock,
-                             mesh=self.mesh)
+                             mesh=self.mesh, on_timer_change=self._timers_changed.ring)
         self.broker.restore(recovered, self.started_at)
         self.cluster = Cluster(
             node_id=self.node_id, port=self.mesh, broker=self.broker, store=self.store, gossip=self.gossip,
@@ -145,8 +146,6 @@ class Node:
                                 gossip=self.gossip, cluster=self.cluster, partitions=self.partitions)
         self.ports: dict[str, int] = {}
         self._shutdown = trio.Event()
-        self._timer_wake = trio.Event()
-        self.broker.on_timer_change = self._timer_wake.set
         self._connections: trio.Nursery | None = None  # set by serve(): every client task runs here
         self._lot: ParkingLot | None = None  # set by serve(): idle plain-TCP clients wait here
 
@@ -362,12 +361,11 @@ class Node:
         broker = self.broker
         while True:
             deadline = broker.next_deadline()
-            self._timer_wake = trio.Event()
-            broker.on_timer_change = self._timer_wake.set
+            self._timers_changed.clear()
             # The broker's deadlines are wall times (session expiry outlives a restart).
             delay = math.inf if deadline is None else max(0.0, deadline - self.clock.wall())
             with trio.move_on_after(delay):
-                await self._timer_wake.wait()
+                await self._timers_changed.wait()
             broker.handle_timers(self.clock.wall())
 
     async def _commit_loop(self) -> None:
@@ -388,7 +386,7 @@ class Node:
         store = self.store
         while True:
             await self._store_dirty.wait()
-            self._store_dirty = trio.Event()
+            self._store_dirty.clear()
             due = self.clock.now() + tick
             while store.has_pending():
                 if tick:

@@ -32,9 +32,11 @@ LIMITS = ("max_connections", "connection_rate", "memory_limit", "max_subscriptio
 
 
 class Security:
-    def __init__(self, settings: Settings, *, clock: Clock) -> None:
+    def __init__(self, settings: Settings, *, clock: Clock, in_minority: Callable[[], bool] = lambda: False) -> None:
         self.settings = settings
         self.clock = clock
+        # Is this node on the minority side of a netsplit now (allow_*_during_netsplit)?
+        self.in_minority = in_minority
         try:
             self.authn = Authenticator(settings.allow_anonymous, settings.password_file)
         except (PasswordFileError, OSError) as exc:
@@ -60,9 +62,6 @@ class Security:
         self.connection_rate: PerKeyRateLimiter[str] | None = PerKeyRateLimiter(rate, max(1.0, rate)) if rate else None
         self.memory = MemoryGuard(settings.memory_limit or None)
         self.limits_hit = {name: 0 for name in LIMITS}
-        # Set by the node: does this node see a netsplit now (allow_*_during_netsplit)?
-        # is this node on the minority side of a netsplit? (bound to the partition monitor)
-        self.in_minority: Callable[[], bool] = lambda: False
         self.refused_during_netsplit = {"connect": 0, "subscribe": 0, "publish": 0}
         # Set cluster-wide with `meshd ctl config set acl @FILE`: replaces acl_file.
         self.cluster_acl: Acl | None = None
