@@ -16,8 +16,9 @@ With `api_token` set, every endpoint needs `Authorization: Bearer <token>`; with
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sized
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence, Sized
 
+from gossip.swim import MemberInfo
 from mesh import __version__
 from mesh.cluster_config import Register
 from mesh.config import ConfigError, Settings
@@ -46,15 +47,15 @@ class ApiBroker(Protocol):
 
 
 class ApiMembers(Protocol):
-    def members(self) -> list[dict[str, Any]]: ...
+    def members(self) -> list[MemberInfo]: ...
 
 
 class ApiPartitions(Protocol):
-    def snapshot(self) -> dict[str, Any]: ...
+    def snapshot(self) -> Mapping[str, object]: ...
 
 
 class ApiRoutes(Protocol):
-    def routes(self) -> list[dict[str, Any]]: ...
+    def routes(self) -> Sequence[Mapping[str, object]]: ...
 
 
 class ApiConfig(Protocol):

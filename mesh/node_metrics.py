@@ -6,8 +6,9 @@ nothing else (mesh.node.Node is one)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sized
+from typing import Mapping, Protocol, Sized
 
+from gossip.swim import MemberInfo
 from mesh.broker import BrokerStats
 from mesh.metrics import Metrics
 from session_store.store import StoreStats
@@ -30,7 +31,7 @@ class StoreCounts(Protocol):
 
 
 class GossipCounts(Protocol):
-    def members(self) -> list[dict[str, Any]]: ...
+    def members(self) -> list[MemberInfo]: ...
     @property
     def stats(self) -> Mapping[str, float]: ...
 
@@ -266,7 +267,7 @@ def node_metrics(node: MetricsNode) -> Metrics:
     return m
 
 
-def _count_states(members: list[dict[str, Any]]) -> dict[str, int]:
+def _count_states(members: list[MemberInfo]) -> dict[str, int]:
     out = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
     for member in members:
         out[member["state"]] = out.get(member["state"], 0) + 1

@@ -5,11 +5,12 @@ cluster as this node sees it."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Protocol, Sized
+from typing import Callable, Mapping, Protocol, Sized
 
 import trio
 
 from clock import Clock
+from gossip.swim import MemberInfo
 from mesh import __version__
 from mesh.broker import BrokerStats
 from mqtt import EMPTY_PROPERTIES, Properties
@@ -35,7 +36,7 @@ class SysBroker(Protocol):
 
 
 class MemberList(Protocol):
-    def members(self) -> list[dict[str, Any]]: ...
+    def members(self) -> list[MemberInfo]: ...
 
 
 class RouteCount(Protocol):
@@ -54,7 +55,7 @@ class ForwardCounts(Protocol):
 
 
 class PartitionView(Protocol):
-    def snapshot(self) -> dict[str, Any]: ...
+    def snapshot(self) -> Mapping[str, object]: ...
 
 
 def sys_values(broker: SysBroker, uptime_s: float) -> list[tuple[str, str]]:
@@ -88,7 +89,7 @@ def mesh_values(gossip: MemberList, cluster: ForwardCounts, partitions: Partitio
     ]
 
 
-def partitions_value(snapshot: dict[str, Any]) -> dict[str, Any]:
+def partitions_value(snapshot: Mapping[str, object]) -> dict[str, object]:
     """`$SYS/mesh/partitions`: the API's cluster view without the member list."""
     return {k: v for k, v in snapshot.items() if k not in ("members", "node_id")}
 
