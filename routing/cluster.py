@@ -31,7 +31,8 @@ from routing.held import HeldTraffic
 from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink
 from routing.port import MeshPort
 from routing.retained import RetainedIndex
-from routing.table import RouteDelta, RouteSnapshot
+from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
+from routing.wire import ForwardedItem, PeerDigest, RouteBroadcast, forwarded_to_wire
 from session_store import records
 from session_store.model import Message
 
@@ -180,14 +181,14 @@ class Cluster:
                                 event_id=f"{self.node_id}:{chunk.epoch}:{chunk.first_version}:{topic_filter}")
             # The key names the origin: gossip lets a newer broadcast with the same key
             # replace an older one, which must never happen between two origins.
-            self.gossip.broadcast("route", f"{self.node_id}:{chunk.epoch}:{chunk.first_version}", [chunk.to_wire(), ts])
+            self.gossip.broadcast("route", f"{self.node_id}:{chunk.epoch}:{chunk.first_version}",
+                                  RouteBroadcast(chunk, ts).to_wire())
 
     # --------------------------------------------------- remote route changes
 
-    def _on_route_broadcast(self, origin: str, payload: Any) -> None:
+    def _on_route_broadcast(self, origin: str, payload: object) -> None:
         try:
-            delta_wire, origin_ts = payload
-            delta = RouteDelta.from_wire(delta_wire)
+            delta, origin_ts = RouteBroadcast.from_wire(payload)
         except (TypeError, ValueError) as exc:
             self.malformed_items += 1
             log.warning("dropping a malformed route delta from %s: %s", origin, exc)
@@ -198,7 +199,7 @@ class Cluster:
         ts = self._now_us()
         for topic_filter, node, present in changes:
             self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
-                            origin=node, origin_ts_us=int(origin_ts),
+                            origin=node, origin_ts_us=origin_ts,
                             event_id=f"{node}:{delta.epoch}:{delta.first_version}:{topic_filter}", hops=1)
         if self.table.wanted:
             self._pull_routes(delta.origin)
@@ -249,13 +250,13 @@ class Cluster:
             return items
         now = self.clock.wall()
         for item in items:
-            data, plain = item.data[0], item.data[1]
-            if item.qos and plain:
+            if item.qos:
                 try:
-                    msg = records.message_from_map(data)
-                except records.RecordError:
+                    forwarded = ForwardedItem.from_wire(item.data)
+                except (TypeError, ValueError):
                     continue
-                self._hold(member, msg, now, item.held_seq or None)
+                if forwarded.plain:
+                    self._hold(member, forwarded.message, now, item.held_seq or None)
         return items
 
     def _replay_held(self, member: str) -> None:
@@ -266,7 +267,7 @@ class Cluster:
         link = self._link(member)
         for seq, msg in held:
             # Ahead of anything new for it: the replay keeps each publisher's order.
-            link.enqueue(LinkItem([records.message_map(msg), True, [], False, True], msg.qos, None, seq))
+            link.enqueue(LinkItem(ForwardedItem(msg, True, (), False, replay=True).to_wire(), msg.qos, None, seq))
         log.warning("member %s is back: replaying %d held messages", member, len(held))
 
     def _forget_held(self, member: str) -> None:
@@ -320,26 +321,22 @@ class Cluster:
                 log.warning("dropped %d held messages past their age limit", len(aged))
 
     def _digest_for_push_pull(self) -> object:
-        return {"n": self.node_id, "d": {o: list(d) for o, d in self.table.digest().items()}}
+        return PeerDigest(self.node_id, self.table.digest()).to_wire()
 
     def _on_peer_digest(self, state: object) -> None:
         try:
-            peer = state["n"]  # type: ignore[index]
-            digest = {o: tuple(d) for o, d in state["d"].items()}  # type: ignore[index]
-        except (TypeError, KeyError, AttributeError):
+            peer, digest = PeerDigest.from_wire(state)
+        except (TypeError, ValueError):
             self.malformed_items += 1
             return
-        mine = self.table.digest()
-        behind = any(o != self.node_id and (d[0], d[1]) > mine.get(o, (-1, -1, 0))[:2] and not self._gone(o)
-                     for o, d in digest.items())
-        if behind:
+        # Origins held dead or left are not pulled for (`_gone` counts each one seen).
+        if any(not self._gone(origin) for origin in self.table.behind(digest)):
             self._pull_routes(peer)
 
     def _pull_routes(self, peer: str) -> None:
         if peer == self.node_id or self._nursery is None:
             return
-        digest = {o: list(d) for o, d in self.table.digest().items()}
-        self._link(peer).request("routes_req", {"d": digest}, self._on_routes_reply)
+        self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.digest())}, self._on_routes_reply)
 
     def _on_routes_reply(self, frame: dict[str, Any]) -> None:
         for snap_wire in frame.get("snaps", ()):
@@ -383,8 +380,7 @@ class Cluster:
         if kind.startswith("ho_"):
             return self.handoffs.answer(peer, frame)
         if kind == "routes_req":
-            digest = {o: tuple(d) for o, d in frame["d"].items()}
-            snaps = self.table.snapshots_newer_than(digest)
+            snaps = self.table.snapshots_newer_than(digest_from_wire(frame["d"]))
             return "routes", {"snaps": [s.to_wire() for s in snaps]}
         if kind == "retained_req":
             now = self.clock.wall()
@@ -412,8 +408,8 @@ class Cluster:
             return
         data = records.message_map(msg)
         for node, target in targets.items():
-            # (group, filter) tuples encode as the CBOR arrays the lists were.
-            item = LinkItem([data, target.plain, target.groups, target.keep_retained], msg.qos, gate if msg.qos else None)
+            wire = forwarded_to_wire(data, target.plain, target.groups, target.keep_retained)
+            item = LinkItem(wire, msg.qos, gate if msg.qos else None)
             if item.gate is not None:
                 item.gate.waiting += 1
             if self._link(node).enqueue(item):
@@ -483,31 +479,30 @@ class Cluster:
 
     # ------------------------------------------------------------- receiving
 
-    def _take_batch(self, peer: str, items: list[list[Any]]) -> None:
+    def _take_batch(self, peer: str, items: list[object]) -> None:
         now = self.clock.wall()
         recent = self._recent.get(peer)
         if recent is None:
             recent = self._recent[peer] = {}
-        for item in items:
+        for wire in items:
             try:
-                data, plain, groups, keep_retained, *replay = item
-                msg = records.message_from_map(data)
-                groups = [(str(g), str(f)) for g, f in groups]
-            except (records.RecordError, TypeError, ValueError):
+                item = ForwardedItem.from_wire(wire)
+            except (TypeError, ValueError):
                 self.malformed_items += 1
                 continue
+            msg = item.message
             if msg.qos:
                 # A held message replayed after a split may have arrived once already
                 # (its batch was taken here but the ack was cut off): take it once.
                 key = (msg.origin, msg.msg_id)
-                if replay and key in recent:
+                if item.replay and key in recent:
                     self.replay_duplicates += 1
                     continue
                 recent[key] = None
                 if len(recent) > RECENT_PER_PEER:
                     del recent[next(iter(recent))]
             self.forwarded_in += 1
-            self.broker.publish_remote(msg, now, plain=bool(plain), groups=groups, keep_retained=bool(keep_retained))
+            self.broker.publish_remote(msg, now, plain=item.plain, groups=list(item.groups), keep_retained=item.keep_retained)
 
     async def _forward_taken(self) -> None:
         """When a forwarded batch may be acknowledged to its origin (whose publishers'

@@ -18,7 +18,7 @@ import itertools
 import logging
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
@@ -37,6 +37,10 @@ BACKOFF_START = 0.1
 BACKOFF_MAX = 5.0
 
 
+# A request's answer: (frame type, fields), or None for no answer.
+Reply = tuple[str, dict[str, Any]] | None
+
+
 class AckGate:
     """Counts the remote nodes a publisher's PUBACK/PUBREC still waits for (each one
     acknowledges a forwarded message, or is given up on as down)."""
@@ -50,8 +54,8 @@ class AckGate:
 class LinkItem:
     __slots__ = ("data", "qos", "gate", "held_seq")
 
-    def __init__(self, data: list, qos: int, gate: AckGate | None, held_seq: int = 0) -> None:
-        self.data = data
+    def __init__(self, data: list[object], qos: int, gate: AckGate | None, held_seq: int = 0) -> None:
+        self.data = data  # the item's wire list (`routing.wire.ForwardedItem`), encoded once
         self.qos = qos
         self.gate = gate
         self.held_seq = held_seq  # a replayed held message: its record goes once acknowledged
@@ -209,7 +213,8 @@ class OutboundLink:
         while True:
             frame = await link.receive()
             if frame["t"] == "fwd_ack":
-                batch = self.unacked.pop(frame.get("s"), None)
+                seq = frame.get("s")
+                batch = self.unacked.pop(seq, None) if isinstance(seq, int) else None
                 if batch:
                     self.on_acked(batch)
             elif self._pending_replies:
@@ -220,9 +225,9 @@ class InboundLinks:
     """Accepts links from peers and hands their frames to `handle_batch`."""
 
     def __init__(self, cluster_name: str, gossip: "GossipService", node_id: str,
-                 handle_batch: Callable[[str, list[list]], Any],
-                 batch_taken: Callable[[], Any],
-                 handle_request: Callable[[str, dict[str, Any]], Any]) -> None:
+                 handle_batch: Callable[[str, list[object]], None],
+                 batch_taken: Callable[[], Awaitable[None]],
+                 handle_request: Callable[[str, dict[str, Any]], Reply | Awaitable[Reply]]) -> None:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self.node_id = node_id

@@ -14,9 +14,10 @@ V = TypeVar("V")
 class _Level(Generic[V]):
     __slots__ = ("children", "value", "has_value")
 
+    value: V  # set only while `has_value` (values may themselves be None)
+
     def __init__(self) -> None:
         self.children: dict[str, _Level[V]] = {}
-        self.value: V | None = None
         self.has_value = False
 
 
@@ -43,9 +44,10 @@ class RetainedIndex(Generic[V]):
     def get(self, topic: str) -> V | None:
         node = self._root
         for level in topic.split("/"):
-            node = node.children.get(level)  # type: ignore[assignment]
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node.value if node.has_value else None
 
     def delete(self, topic: str) -> bool:
@@ -59,13 +61,13 @@ class RetainedIndex(Generic[V]):
             node = child
         if not node.has_value:
             return False
-        node.value = None
+        del node.value
         node.has_value = False
         self._count -= 1
         # Prune levels left empty, bottom up.
         for parent, level in reversed(path):
-            child = parent.children[level]
-            if child.has_value or child.children:
+            emptied = parent.children[level]
+            if emptied.has_value or emptied.children:
                 break
             del parent.children[level]
         return True
@@ -82,13 +84,13 @@ class RetainedIndex(Generic[V]):
             node, i, path = stack.pop()
             if i == n:
                 if node.has_value:
-                    out.append(("/".join(path), node.value))  # type: ignore[arg-type]
+                    out.append(("/".join(path), node.value))
                 continue
             level = levels[i]
             if level == "#":
                 # '#' matches the parent level too ('a/#' matches 'a').
                 if node.has_value and i > 0:
-                    out.append(("/".join(path), node.value))  # type: ignore[arg-type]
+                    out.append(("/".join(path), node.value))
                 for name, child in node.children.items():
                     if i == 0 and name.startswith("$"):
                         continue
@@ -99,9 +101,9 @@ class RetainedIndex(Generic[V]):
                         continue
                     stack.append((child, i + 1, path + (name,)))
             else:
-                child = node.children.get(level)
-                if child is not None:
-                    stack.append((child, i + 1, path + (level,)))
+                literal = node.children.get(level)
+                if literal is not None:
+                    stack.append((literal, i + 1, path + (level,)))
         return out
 
     def _collect(self, node: _Level[V], path: tuple[str, ...], out: list[tuple[str, V]]) -> None:
@@ -109,7 +111,7 @@ class RetainedIndex(Generic[V]):
         while stack:
             node, path = stack.pop()
             if node.has_value:
-                out.append(("/".join(path), node.value))  # type: ignore[arg-type]
+                out.append(("/".join(path), node.value))
             for name, child in node.children.items():
                 stack.append((child, path + (name,)))
 
@@ -118,6 +120,6 @@ class RetainedIndex(Generic[V]):
         while stack:
             node, path = stack.pop()
             if node.has_value and path:
-                yield "/".join(path), node.value  # type: ignore[misc]
+                yield "/".join(path), node.value
             for name, child in node.children.items():
                 stack.append((child, path + (name,)))

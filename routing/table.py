@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping, NamedTuple
 
 from routing.trie import TopicTrie
 
@@ -59,15 +59,16 @@ class RouteDelta:
     def last_version(self) -> int:
         return self.first_version + len(self.changes) - 1
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
+        """[origin, epoch, first version, [[filter, present], ...]]"""
         return [self.origin, self.epoch, self.first_version, [[f, p] for f, p in self.changes]]
 
     @classmethod
     def from_wire(cls, data: object) -> "RouteDelta":
-        origin, epoch, first, changes = data  # type: ignore[misc]
+        origin, epoch, first, changes = _fields(data, 4, "route delta")
         if not isinstance(origin, str) or not isinstance(epoch, int) or not isinstance(first, int) or first < 1:
             raise ValueError("bad route delta header")
-        parsed = tuple((str(f), bool(p)) for f, p in changes)
+        parsed = tuple(_change(c) for c in _sequence(changes, "route delta changes"))
         if not parsed:
             raise ValueError("empty route delta")
         return cls(origin, epoch, first, parsed)
@@ -82,15 +83,63 @@ class RouteSnapshot:
     version: int
     filters: frozenset[str]
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
+        """[origin, epoch, version, [filter, ...]] (filters sorted)"""
         return [self.origin, self.epoch, self.version, sorted(self.filters)]
 
     @classmethod
     def from_wire(cls, data: object) -> "RouteSnapshot":
-        origin, epoch, version, filters = data  # type: ignore[misc]
+        origin, epoch, version, filters = _fields(data, 4, "route snapshot")
         if not isinstance(origin, str) or not isinstance(epoch, int) or not isinstance(version, int) or version < 0:
             raise ValueError("bad route snapshot header")
-        return cls(origin, epoch, version, frozenset(str(f) for f in filters))
+        return cls(origin, epoch, version, frozenset(str(f) for f in _sequence(filters, "route snapshot filters")))
+
+
+class OriginDigest(NamedTuple):
+    """One origin's entry in a digest: two replicas holding equal digests for an origin
+    hold equal entries of it."""
+
+    epoch: int
+    version: int
+    hash: int
+
+
+Digest = dict[str, OriginDigest]
+
+
+def digest_to_wire(digest: Mapping[str, OriginDigest]) -> dict[str, list[int]]:
+    """{origin: [epoch, version, hash]}"""
+    return {origin: list(d) for origin, d in digest.items()}
+
+
+def digest_from_wire(data: object) -> Digest:
+    if not isinstance(data, dict):
+        raise ValueError("a route digest is a map")
+    out: Digest = {}
+    for origin, entry in data.items():
+        epoch, version, hash_ = _fields(entry, 3, "route digest entry")
+        if not (isinstance(origin, str) and isinstance(epoch, int) and isinstance(version, int) and isinstance(hash_, int)):
+            raise ValueError("bad route digest entry")
+        out[origin] = OriginDigest(epoch, version, hash_)
+    return out
+
+
+def _change(data: object) -> tuple[str, bool]:
+    topic_filter, present = _fields(data, 2, "route change")
+    return str(topic_filter), bool(present)
+
+
+def _sequence(data: object, what: str) -> list[object] | tuple[object, ...]:
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f"{what}: not an array")
+    return data
+
+
+def _fields(data: object, n: int, what: str) -> list[object] | tuple[object, ...]:
+    fields = _sequence(data, what)
+    if len(fields) != n:
+        raise ValueError(f"{what}: {len(fields)} fields, not {n}")
+    return fields
 
 
 @dataclass
@@ -252,19 +301,29 @@ class RouteTable:
 
     # ------------------------------------------------------------ anti-entropy
 
-    def digest(self) -> dict[str, tuple[int, int, int]]:
+    def digest(self) -> Digest:
         """origin -> (epoch, version, hash) for every origin held, this node included."""
-        out = {origin: (s.epoch, s.version, s.hash) for origin, s in self.remote.items()}
-        out[self.node_id] = (self.local.epoch, self.local.version, self.local.hash)
+        out = {origin: OriginDigest(s.epoch, s.version, s.hash) for origin, s in self.remote.items()}
+        out[self.node_id] = OriginDigest(self.local.epoch, self.local.version, self.local.hash)
         return out
 
-    def snapshots_newer_than(self, peer_digest: dict[str, tuple[int, int, int]]) -> list[RouteSnapshot]:
+    def snapshots_newer_than(self, peer_digest: Mapping[str, OriginDigest]) -> list[RouteSnapshot]:
         """What a peer with `peer_digest` lacks: snapshots of origins we hold newer."""
         out = []
         for origin, (epoch, version, _) in self.digest().items():
             theirs = peer_digest.get(origin)
-            if theirs is None or (epoch, version) > (theirs[0], theirs[1]):
+            if theirs is None or (epoch, version) > (theirs.epoch, theirs.version):
                 out.append(self.snapshot_of(origin))
+        return out
+
+    def behind(self, peer_digest: Mapping[str, OriginDigest]) -> list[str]:
+        """Origins (other than this node) of which a peer holds a newer state than we do."""
+        mine = self.digest()
+        out = []
+        for origin, theirs in peer_digest.items():
+            held = mine.get(origin)
+            if origin != self.node_id and (held is None or (theirs.epoch, theirs.version) > (held.epoch, held.version)):
+                out.append(origin)
         return out
 
     def snapshot_of(self, origin: str) -> RouteSnapshot:

@@ -17,20 +17,20 @@ broker strips the prefix and stores `(group, ...)` values under the plain filter
 
 from __future__ import annotations
 
-from typing import Generic, Iterator, TypeVar
+from typing import Any, Generic, Iterator, TypeVar
 
 __all__ = ["TopicTrie"]
 
 V = TypeVar("V")
 
 
-class _Node:
+class _Node(Generic[V]):
     __slots__ = ("children", "values", "parent", "key", "filter")
 
-    def __init__(self, parent: _Node | None, key: str) -> None:
-        self.children: dict[str, _Node] = {}
+    def __init__(self, parent: _Node[V] | None, key: str) -> None:
+        self.children: dict[str, _Node[V]] = {}
         # None until the first value: most inner nodes never hold one.
-        self.values: set | None = None
+        self.values: set[V] | None = None
         self.parent = parent
         self.key = key
         # The whole filter of a node that holds values, kept so a match need not
@@ -48,7 +48,7 @@ class TopicTrie(Generic[V]):
     __slots__ = ("_root", "_count", "_filter_count")
 
     def __init__(self) -> None:
-        self._root = _Node(None, "")
+        self._root: _Node[V] = _Node(None, "")
         self._count = 0  # (filter, value) pairs
         self._filter_count = 0  # filters holding at least one value
 
@@ -124,7 +124,7 @@ class TopicTrie(Generic[V]):
         dollar = topic[:1] == "$"
         # Follow the literal child inline; only `+` branches go on the stack,
         # which is created lazily, so a wildcard-free walk allocates nothing.
-        stack: list[tuple[_Node, int]] | None = None
+        stack: list[tuple[_Node[V], int]] | None = None
         node = root
         i = 0
         while True:
@@ -176,7 +176,7 @@ class TopicTrie(Generic[V]):
         n = len(levels)
         root = self._root
         dollar = topic[:1] == "$"
-        stack: list[tuple[_Node, int]] = [(root, 0)]
+        stack: list[tuple[_Node[V], int]] = [(root, 0)]
         while stack:
             node, i = stack.pop()
             children = node.children
@@ -210,7 +210,7 @@ class TopicTrie(Generic[V]):
 
     def filters(self) -> Iterator[str]:
         """Every filter holding at least one value (order unspecified)."""
-        stack: list[tuple[_Node, str | None]] = [(self._root, None)]
+        stack: list[tuple[_Node[V], str | None]] = [(self._root, None)]
         while stack:
             node, prefix = stack.pop()
             for key, child in node.children.items():
@@ -245,15 +245,16 @@ class TopicTrie(Generic[V]):
 
     # -- internals ---------------------------------------------------------
 
-    def _find(self, topic_filter: str) -> _Node | None:
+    def _find(self, topic_filter: str) -> _Node[V] | None:
         node = self._root
         for level in topic_filter.split("/"):
-            node = node.children.get(level)  # type: ignore[assignment]
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node
 
-    def _prune(self, node: _Node) -> None:
+    def _prune(self, node: _Node[V]) -> None:
         # Walk up removing nodes that hold neither values nor children.
         while node is not self._root and node.values is None and not node.children:
             parent = node.parent
@@ -263,7 +264,7 @@ class TopicTrie(Generic[V]):
             node = parent
 
 
-def _path(node: _Node) -> str:
+def _path(node: _Node[Any]) -> str:
     parts: list[str] = []
     while node.parent is not None:
         parts.append(node.key)

@@ -96,6 +96,10 @@ class Delivery:
 
     __slots__ = ("message", "qos", "retain", "subscription_ids", "seq", "owner", "store_state", "store_disk", "store_gen")
 
+    # Set by the store before it reads them (no default: most deliveries never need them).
+    owner: str  # the client id whose store record this is
+    store_state: int  # the record the store should hold
+
     def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> None:
         self.message = message
         self.qos = qos

@@ -136,7 +136,7 @@ class RecoveredState:
     skipped: int = 0  # unreadable values, logged with their keys
 
 
-Op = tuple[Callable[..., bytes], tuple]  # (encoder, args): the value, encoded at write time
+Op = tuple[Callable[..., bytes], tuple[Any, ...]]  # (encoder, args): the value, encoded at write time
 
 NO_RECORD = -1  # a delivery's store state: no record (never stored, or deleted)
 # What holding a window back may cost, in delivery records: the next tick's synced
@@ -576,14 +576,14 @@ class SessionStore(ABC):
         for cid, by_seq in deliveries.items():
             s = sessions[cid]
             for seq in sorted(by_seq):
-                d, st, pid = by_seq[seq]
+                d, held_state, pid = by_seq[seq]
                 if d.store_gen <= self._taken:  # its record is as read (format-1 inflight: being moved)
                     d.owner = cid
-                    d.store_state = d.store_disk = delivery_state(st, pid)
-                if st is None:
+                    d.store_state = d.store_disk = delivery_state(held_state, pid)
+                if held_state is None:
                     s.queue.append(d)
                 else:
-                    s.inflight.append((pid, d, st))
+                    s.inflight.append((pid, d, held_state))
         for key, value in self.scan("qos2_in"):
             found = owner("qos2_in", key)
             if found is None:
@@ -619,7 +619,8 @@ class SessionStore(ABC):
 def _seq(suffix: bytes) -> int:
     if len(suffix) != 8:
         raise records.RecordError(f"bad delivery key suffix {suffix!r}")
-    return _U64.unpack(suffix)[0]
+    seq: int = _U64.unpack(suffix)[0]
+    return seq
 
 
 class MemoryStore(SessionStore):

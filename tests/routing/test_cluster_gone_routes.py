@@ -48,16 +48,24 @@ class Gossip:
             h(member, state)
 
 
+class RecordingCluster(Cluster):
+    """Records the peers it would pull routes from instead of opening links."""
+
+    pulls: list[str]
+
+    def _pull_routes(self, peer: str) -> None:
+        self.pulls.append(peer)
+
+
 def node_a() -> tuple[Cluster, Gossip, list[str]]:
     gossip = Gossip()
     port = MeshPort(RouteTable("A", 1), gossip)
     store = MemoryStore()
     broker = Broker(node_id="A", store=store, mesh=port)
-    cluster = Cluster(node_id="A", port=port, broker=broker, store=store, gossip=gossip, trace=NullTraceWriter(),
-                      cluster_name="t", clock=ManualClock())
-    pulls: list[str] = []
-    cluster._pull_routes = pulls.append  # type: ignore[method-assign]  # record, no links
-    return cluster, gossip, pulls
+    cluster = RecordingCluster(node_id="A", port=port, broker=broker, store=store, gossip=gossip,
+                               trace=NullTraceWriter(), cluster_name="t", clock=ManualClock())
+    cluster.pulls = []
+    return cluster, gossip, cluster.pulls
 
 
 def routes_of_b() -> tuple[RouteTable, list]:
