@@ -16,12 +16,14 @@ class HlcTimestamp(NamedTuple):
     logical: int
     node: str
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[int | str]:
         return [self.wall_ms, self.logical, self.node]
 
     @classmethod
     def from_wire(cls, data: object) -> "HlcTimestamp":
-        wall, logical, node = data  # type: ignore[misc]
+        if not isinstance(data, (list, tuple)) or len(data) != 3:
+            raise ValueError("bad HLC timestamp")
+        wall, logical, node = data
         if not isinstance(wall, int) or not isinstance(logical, int) or not isinstance(node, str):
             raise ValueError("bad HLC timestamp")
         return cls(wall, logical, node)
