@@ -21,11 +21,11 @@ from clock import Clock, TrioClock
 
 from . import wire
 from .config import GossipConfig, preset as get_preset
-from .events import BroadcastReceived, MemberChanged
+from .events import ALIVE, SUSPECT, BroadcastReceived, MemberChanged, MemberState
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
 from .mdns import MdnsDiscovery
-from .swim import Addr, MemberInfo, Swim, frame_body
+from .swim import Addr, Swim, frame_body
 from .transport import NetTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
 
@@ -97,7 +97,7 @@ class GossipService:
         self.loop_lag = 0.0
         self._push_pull: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._broadcast_handlers: dict[str, list[Callable[[str, object], None]]] = {}
-        self._member_handlers: list[Callable[[str, str], None]] = []
+        self._member_handlers: list[Callable[[str, MemberState], None]] = []
         self._pending_broadcasts: list[tuple[str, str, object]] = []
         self._given_transport = transport
         self.transport: Transport | None = None
@@ -108,9 +108,10 @@ class GossipService:
 
     # ------------------------------------------------------------------ public API
 
-    def members(self) -> list[MemberInfo]:
-        """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees them."""
-        return self.swim.members_view() if self.swim is not None else []
+    def members(self) -> list[dict[str, object]]:
+        """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees
+        them (``swim.MemberInfo``), as plain JSON-able dicts."""
+        return [dict(m) for m in self.swim.members_view()] if self.swim is not None else []
 
     def broadcast(self, kind: str, key: str, payload: object) -> None:
         """Disseminate ``payload``; a newer broadcast with the same (kind, key) replaces it."""
@@ -124,7 +125,7 @@ class GossipService:
         """``handler(origin_node_id, payload)`` for every broadcast of ``kind`` from others."""
         self._broadcast_handlers.setdefault(kind, []).append(handler)
 
-    def on_member_change(self, handler: Callable[[str, str], None]) -> None:
+    def on_member_change(self, handler: Callable[[str, MemberState], None]) -> None:
         """``handler(member_id, new_state)`` on every state change of another member."""
         self._member_handlers.append(handler)
 
@@ -151,7 +152,7 @@ class GossipService:
         if self.swim is None:
             return None
         member = self.swim.members.get(member_id)
-        return tuple(member.addr) if member is not None else None  # type: ignore[return-value]
+        return member.addr if member is not None else None
 
     def member_state(self, member_id: str) -> str | None:
         """This node's view of a member: alive, suspect, dead or left (None: unknown)."""
@@ -162,7 +163,9 @@ class GossipService:
 
     def alive_members(self) -> list[str]:
         """Ids of the other members currently alive or suspect (reachable as far as we know)."""
-        return [m["id"] for m in self.members() if m["id"] != self.node_id and m["state"] in ("alive", "suspect")]
+        if self.swim is None:
+            return []
+        return sorted(m.id for m in self.swim.members.values() if m.id != self.node_id and m.state in (ALIVE, SUSPECT))
 
     def join(self, addrs: Sequence[tuple[str, int]]) -> None:
         """Join through more addresses (mDNS discoveries, an operator's command)."""
@@ -307,14 +310,14 @@ class GossipService:
         self._wake.set()
 
     async def _flush(self) -> None:
-        swim = self.swim
-        assert swim is not None
+        swim, transport = self.swim, self.transport
+        assert swim is not None and transport is not None
         now = self.clock.now()
         for addr, data in swim.datagrams_to_send(now):
             if self.keyring is not None:
                 data = self.keyring.seal(data, UDP_AAD)
             try:
-                await self.transport.send_packet(data, addr)  # type: ignore[union-attr]
+                await transport.send_packet(data, addr)
             except (OSError, OverflowError, ValueError, TypeError):
                 self.send_errors += 1
         if self._nursery is not None:
@@ -359,10 +362,10 @@ class GossipService:
             return None
 
     async def _push_pull_client(self, addr: Addr, body: bytes | Callable[[], bytes]) -> None:
-        assert self.swim is not None
+        assert self.swim is not None and self.transport is not None
         with trio.move_on_after(PUSH_PULL_TIMEOUT) as scope:
             try:
-                stream = await self.transport.open_stream(addr)  # type: ignore[union-attr]
+                stream = await self.transport.open_stream(addr)
             except (OSError, OverflowError, ValueError):
                 self.push_pull_failures += 1
                 return

@@ -97,8 +97,8 @@ def trace_record(
     hops: int = 0,
     incarnation: int | None = None,
     sim: bool = False,
-    **extra: Any,
-) -> dict[str, Any]:
+    **extra: object,
+) -> dict[str, object]:
     """Build one trace record; defaults make it the origin's own first observation."""
     if kind not in TRACE_KINDS:
         raise ValueError(f"unknown trace kind {kind!r}")
@@ -106,7 +106,7 @@ def trace_record(
     origin_ts_us = ts_us if origin_ts_us is None else origin_ts_us
     if event_id is None:
         event_id = f"{origin}:{kind}:{subject}:{origin_ts_us}"
-    record: dict[str, Any] = {
+    record: dict[str, object] = {
         "ts_us": int(ts_us),
         "node": node,
         "kind": kind,
@@ -162,7 +162,7 @@ class TraceWriter:
             self._size = self._file.tell()
         return self._file
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, object]) -> None:
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
         f = self._open()
         f.write(line)
@@ -171,7 +171,7 @@ class TraceWriter:
         if self._size >= self.max_bytes:
             self._rotate()
 
-    def emit(self, **fields: Any) -> None:
+    def emit(self, **fields: Any) -> None:  # forwarded to trace_record's typed parameters
         """Shorthand: ``emit(ts_us=..., kind=..., ...)`` with ``node`` filled in."""
         fields.setdefault("node", self.node_id)
         self.write(trace_record(**fields))
@@ -209,7 +209,7 @@ class NullTraceWriter:
 
     records_written = 0
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, object]) -> None:
         return None
 
     def emit(self, **fields: Any) -> None:

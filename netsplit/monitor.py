@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import trio
 
 from clock import Clock
 from gossip.config import GossipConfig
+from gossip.events import MemberState
 from gossip.trace import Tracer
 
 from .detector import PartitionDetected, PartitionDetector, PartitionHealed
@@ -33,9 +34,9 @@ class Membership(Protocol):
     node_id: str
     config: GossipConfig
 
-    def on_member_change(self, handler: Callable[[str, str], None]) -> None: ...
+    def on_member_change(self, handler: Callable[[str, MemberState], None]) -> None: ...
 
-    def members(self) -> list[dict[str, Any]]: ...
+    def members(self) -> list[dict[str, object]]: ...
 
 
 class PartitionMonitor:
@@ -98,7 +99,7 @@ class PartitionMonitor:
                 await self._wake.wait()
             self._publish(self.detector.tick(self.clock.now()))
 
-    def member_changed(self, member: str, state: str) -> None:
+    def member_changed(self, member: str, state: MemberState | str) -> None:
         """Gossip's ``on_member_change`` callback: another member's state moved."""
         self._publish(self.detector.member_changed(member, state, self.clock.now()))
         self._wake.set()

@@ -11,7 +11,6 @@ the minimum suspicion timeout for the view's size, the yardstick for ``took_us``
 
 from __future__ import annotations
 
-from typing import Any
 
 from gossip.config import GossipConfig
 from gossip.formulas import suspicion_timeout
@@ -31,13 +30,13 @@ def suspicion_s(config: GossipConfig, members: int) -> float:
 
 def trace_fields(
     ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0, config: GossipConfig | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Keyword arguments for ``TraceWriter.emit`` (``clock_offset`` turns the
     detector's monotonic seconds into the trace clock; ``config`` adds the
     suspicion timeout a detection is measured against)."""
     ts = _us(ev.at + clock_offset)
     if isinstance(ev, PartitionDetected):
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "ts_us": ts, "kind": "partition_detected", "subject": ev.partition_id,
             "peers": ",".join(sorted(ev.remote)), "majority": ev.majority,
             "took_us": _us(ev.detection_s), "onset_ts_us": _us(ev.onset + clock_offset),
@@ -54,10 +53,10 @@ def trace_fields(
     }
 
 
-def event_json(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0) -> dict[str, Any]:
+def event_json(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.0) -> dict[str, object]:
     """One history entry for the API, ``meshd ctl cluster`` and ``$SYS``."""
     f = trace_fields(ev, clock_offset)
-    out: dict[str, Any] = {"event": f["kind"], "id": ev.partition_id, "ts_us": f["ts_us"], "peers": sorted(ev.remote)}
+    out: dict[str, object] = {"event": f["kind"], "id": ev.partition_id, "ts_us": f["ts_us"], "peers": sorted(ev.remote)}
     if isinstance(ev, PartitionDetected):
         out.update(local=sorted(ev.local), majority=ev.majority, detection_s=round(ev.detection_s, 3))
     else:

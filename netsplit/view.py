@@ -11,8 +11,6 @@ from wall time, taken once, so that entries stay comparable however long we run.
 from __future__ import annotations
 
 import collections
-from typing import Any
-
 from clock import Clock
 
 from .detector import PartitionDetected, PartitionDetector, PartitionHealed
@@ -26,7 +24,7 @@ class PartitionView:
     def __init__(self, detector: PartitionDetector, *, clock: Clock) -> None:
         self.detector = detector
         self.clock = clock
-        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY)
+        self.history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         self._offset: float | None = None
 
     @property

@@ -79,7 +79,7 @@ def simulate_main(argv: list[str]) -> int:
         except ValueError as exc:
             print(f"meshd simulate: {exc}", file=sys.stderr)
             return 2
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, float] = {}
     if args.suspicion_mult is not None:
         overrides["suspicion_mult"] = args.suspicion_mult
     if args.sweep_mult is not None:

@@ -70,7 +70,7 @@ class SimParams:
     heal_at: float | None = None
     preset: str = "lan"
     lifeguard: bool = True
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, float] = field(default_factory=dict)  # GossipConfig fields
     join: bool = False  # False: start from a converged view; True: join via seed n0
 
     def gossip_config(self) -> GossipConfig:

@@ -99,7 +99,8 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
         assert [m["id"] for m in body["members"]] == ["solo"]
 
         # a member we knew goes dead (as a cut cable would make it)
-        mon = node.node.partitions  # type: ignore[union-attr]
+        assert node.node is not None
+        mon = node.node.partitions
         node.call(mon.member_changed, "ghost", "alive")
         node.call(mon.member_changed, "ghost", "dead")
         _wait(lambda: request_json(http, "GET", "/api/v1/cluster")[1]["partitioned"])
@@ -120,7 +121,7 @@ def test_cluster_endpoint_ctl_metrics_and_sys(tmp_path):
         # of {ghost, solo} each holds half: the side with the smallest id ("ghost") has it
         assert request_json(http, "GET", "/api/v1/cluster")[1]["minority"] is True
 
-        sys = dict(node.call(node.node.sys.mesh_values))  # type: ignore[union-attr]
+        sys = dict(node.call(node.node.sys.mesh_values))
         value = json.loads(sys["$SYS/mesh/partitions"])
         assert value["partitioned"] is True and value["partitions"][0]["remote"] == ["ghost"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from clock import ManualClock
+from gossip.events import MemberChanged, SwimEvent
 from simulation.cli import run_to, simulate_main
 from tests.support import meshd_command, subprocess_env
 from simulation.membership import SimParams, Simulation, parse_partition
@@ -81,9 +82,9 @@ def test_partition_then_heal() -> None:
     sim = Simulation(SimParams(nodes=20, seconds=70, partition=(a, b), partition_at=5.0, heal_at=40.0, seed=4))
     states_at_heal: dict[str, str] = {}
 
-    def watch(i: int, now: float, ev: object) -> None:
-        if i == 0 and now < 40.0 and getattr(ev, "member", None) == "n15":
-            states_at_heal["n15"] = ev.state  # type: ignore[attr-defined]
+    def watch(i: int, now: float, ev: SwimEvent) -> None:
+        if i == 0 and now < 40.0 and isinstance(ev, MemberChanged) and ev.member == "n15":
+            states_at_heal["n15"] = ev.state
 
     sim.on_event = watch
     r = sim.run()
