@@ -25,7 +25,7 @@ from .events import ALIVE, SUSPECT, BroadcastReceived, MemberChanged, MemberStat
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
 from .mdns import MdnsDiscovery
-from .swim import Addr, Swim, frame_body
+from .swim import Addr, MemberInfo, Swim, frame_body
 from .transport import NetTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
 
@@ -108,10 +108,9 @@ class GossipService:
 
     # ------------------------------------------------------------------ public API
 
-    def members(self) -> list[dict[str, object]]:
-        """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees
-        them (``swim.MemberInfo``), as plain JSON-able dicts."""
-        return [dict(m) for m in self.swim.members_view()] if self.swim is not None else []
+    def members(self) -> list[MemberInfo]:
+        """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees them."""
+        return self.swim.members_view() if self.swim is not None else []
 
     def broadcast(self, kind: str, key: str, payload: object) -> None:
         """Disseminate ``payload``; a newer broadcast with the same (kind, key) replaces it."""

@@ -19,6 +19,7 @@ import trio
 from clock import Clock
 from gossip.config import GossipConfig
 from gossip.events import MemberState
+from gossip.swim import MemberInfo
 from gossip.trace import Tracer
 
 from .detector import PartitionDetected, PartitionDetector, PartitionHealed
@@ -36,7 +37,7 @@ class Membership(Protocol):
 
     def on_member_change(self, handler: Callable[[str, MemberState], None]) -> None: ...
 
-    def members(self) -> list[dict[str, object]]: ...
+    def members(self) -> list[MemberInfo]: ...
 
 
 class PartitionMonitor:
