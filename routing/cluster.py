@@ -20,15 +20,15 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol
 
 import trio
 
 from clock import Clock
 from routing.forward import ForwardTarget
 from routing.handoff_driver import Handoffs, SessionHost
-from routing.held import HeldTraffic
-from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink
+from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
+from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
 from routing.retained import RetainedIndex
 from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
@@ -235,7 +235,7 @@ class Cluster:
         seq, dropped = self.held.add(member, msg, now, seq)
         store = self.store
         if seq not in dropped:
-            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", [records.message_map(msg), now])
+            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", HeldMessageRecord(msg, now).to_record())
         for gone in dropped:
             store.delete_meta(f"{HELD_MSG}{member}/{gone:020d}")
         if dropped and (self.held.dropped_full == len(dropped) or self.held.dropped_full % 1000 < len(dropped)):
@@ -281,25 +281,24 @@ class Cluster:
 
     def _store_held_routes(self, member: str) -> None:
         held = self.held.members[member]
-        self.store.put_meta(f"{HELD_ROUTES}{member}", [sorted(held.filters), held.since])
+        self.store.put_meta(f"{HELD_ROUTES}{member}", HeldRoutesRecord(list(held.filters), held.since).to_record())
 
-    def _restore_held(self, meta: Mapping[str, Any]) -> None:
+    def _restore_held(self, meta: Mapping[str, object]) -> None:
         for key, value in meta.items():
             if key.startswith(HELD_ROUTES):
                 try:
-                    filters, since = value
-                    self.held.hold(key[len(HELD_ROUTES):], [str(f) for f in filters], float(since))
+                    routes = HeldRoutesRecord.from_record(value)
+                    self.held.hold(key[len(HELD_ROUTES):], routes.filters, routes.since)
                 except (TypeError, ValueError):
                     log.error("ignoring a stored held route record %s", key)
         for key in sorted(k for k in meta if k.startswith(HELD_MSG)):
             member, _, seq = key[len(HELD_MSG):].rpartition("/")
             try:
-                data, held_at = meta[key]
-                msg = records.message_from_map(data)
+                msg, held_at = HeldMessageRecord.from_record(meta[key])
                 if self.held.is_held(member):
-                    self.held.add(member, msg, float(held_at), int(seq))
+                    self.held.add(member, msg, held_at, int(seq))
                     continue
-            except (TypeError, ValueError, records.RecordError):
+            except (TypeError, ValueError):
                 log.error("ignoring a stored held message %s", key)
             self.store.delete_meta(key)
         if self.held.members:
@@ -375,7 +374,7 @@ class Cluster:
             wanted = [o for o in self.table.wanted if o in alive]
             self._pull_routes(wanted[0] if wanted else self.rng.choice(alive))
 
-    def _answer(self, peer: str, frame: dict[str, Any]) -> Any:
+    def _answer(self, peer: str, frame: dict[str, Any]) -> Reply | Awaitable[Reply]:
         kind = frame["t"]
         if kind.startswith("ho_"):
             return self.handoffs.answer(peer, frame)
@@ -525,7 +524,7 @@ class Cluster:
 
     # ------------------------------------------------------------- inspection
 
-    def routes(self) -> list[dict[str, Any]]:
+    def routes(self) -> list[dict[str, object]]:
         return [{"filter": f, "nodes": sorted(n)} for f, n in sorted(self.table.routes().items())]
 
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Protocol
 
 import trio
 
 from clock import Clock
 from clock.hlc import HlcTimestamp
+from routing.links import Reply
 from session_store.handoff import (
-    Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Takeover,
+    Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Step, Takeover,
     delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, stored_from_image,
 )
 from session_store.model import Delivery, Session
@@ -130,7 +131,7 @@ class Handoffs:
         self._locks: dict[str, trio.Lock] = {}
         self._pushing: set[str] = set()
         self._remembered_since: dict[str, float] = {}
-        self._incoming: dict[tuple[str, str], tuple[Any, list[Delivery]]] = {}
+        self._incoming: dict[tuple[str, str], tuple[object, list[Delivery]]] = {}
         self._nursery: trio.Nursery | None = None
         self.stats = HandoffStats()
         self.malformed = 0
@@ -322,7 +323,7 @@ class Handoffs:
 
     async def _drive(self, machine: Takeover, taking: _Taking, started: float, flushed: trio.Event) -> str:
         client_id = machine.client_id
-        step: Any = machine.start()
+        step: Step = machine.start()
         redirects = 0
         phases: list[tuple[str, float]] = []  # for the debug log: where the time goes
         while True:
@@ -413,7 +414,7 @@ class Handoffs:
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             log.warning("flush at %s failed (%s): a message may be delivered twice", member, exc)
 
-    async def _fence_one(self, member: str, owner: str, snapshot: Any) -> None:
+    async def _fence_one(self, member: str, owner: str, snapshot: list[object]) -> None:
         try:
             await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 0.5)
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
@@ -421,7 +422,7 @@ class Handoffs:
 
     # ------------------------------------------------------------ the giver
 
-    def answer(self, peer: str, frame: dict[str, Any]) -> Any:
+    def answer(self, peer: str, frame: dict[str, Any]) -> Reply | Awaitable[Reply]:
         kind = frame["t"]
         cid = frame.get("c")
         if kind == "ho_fence":
@@ -570,7 +571,7 @@ class Handoffs:
         log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)
         return "ho_state", {"ok": True}
 
-def _stamp(data: Any) -> HlcTimestamp:
+def _stamp(data: object) -> HlcTimestamp:
     try:
         return HlcTimestamp.from_wire(data)
     except (TypeError, ValueError) as exc:

@@ -17,11 +17,44 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from routing.table import split_shared
 from routing.trie import TopicTrie
+from session_store import records
 from session_store.model import Message
+
+
+class HeldRoutesRecord(NamedTuple):
+    """What the store keeps of a member's held routes: `[[filter, ...], since]`."""
+
+    filters: list[str]
+    since: float
+
+    def to_record(self) -> list[object]:
+        return [sorted(self.filters), self.since]
+
+    @classmethod
+    def from_record(cls, data: object) -> "HeldRoutesRecord":
+        if not isinstance(data, (list, tuple)) or len(data) != 2 or not isinstance(data[0], (list, tuple)):
+            raise ValueError("a held routes record is [[filter, ...], since]")
+        return cls([str(f) for f in data[0]], float(data[1]))
+
+
+class HeldMessageRecord(NamedTuple):
+    """What the store keeps of one held message: `[message map, held at]`."""
+
+    message: Message
+    held_at: float
+
+    def to_record(self) -> list[object]:
+        return [records.message_map(self.message), self.held_at]
+
+    @classmethod
+    def from_record(cls, data: object) -> "HeldMessageRecord":
+        if not isinstance(data, (list, tuple)) or len(data) != 2:
+            raise ValueError("a held message record is [message, held at]")
+        return cls(records.message_from_map(data[0]), float(data[1]))
 
 
 @dataclass

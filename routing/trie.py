@@ -17,7 +17,7 @@ broker strips the prefix and stores `(group, ...)` values under the plain filter
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Generic, Iterator, TypeVar
 
 __all__ = ["TopicTrie"]
 
@@ -264,7 +264,7 @@ class TopicTrie(Generic[V]):
             node = parent
 
 
-def _path(node: _Node[Any]) -> str:
+def _path(node: _Node[V]) -> str:
     parts: list[str] = []
     while node.parent is not None:
         parts.append(node.key)

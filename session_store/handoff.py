@@ -60,11 +60,13 @@ class HandoffError(ValueError):
 # ------------------------------------------------------------------ wire form
 
 
-def delivery_to_wire(d: Delivery) -> list:
+def delivery_to_wire(d: Delivery) -> list[object]:
     return [records.message_map(d.message), d.qos, d.retain, list(d.subscription_ids), d.seq]
 
 
-def delivery_from_wire(data: Any) -> Delivery:
+def delivery_from_wire(data: object) -> Delivery:
+    if not isinstance(data, (list, tuple)) or len(data) != 5:
+        raise HandoffError("bad delivery: not an array of 5")
     try:
         m, qos, retain, sub_ids, seq = data
         d = Delivery(records.message_from_map(m), int(qos), bool(retain), tuple(int(i) for i in sub_ids))
@@ -74,18 +76,20 @@ def delivery_from_wire(data: Any) -> Delivery:
     return d
 
 
-def _options_to_wire(o: SubscriptionOptions) -> list:
+def _options_to_wire(o: SubscriptionOptions) -> list[object]:
     return [o.qos, o.no_local, o.retain_as_published, o.retain_handling, o.subscription_id]
 
 
-def _options_from_wire(data: Any) -> SubscriptionOptions:
+def _options_from_wire(data: object) -> SubscriptionOptions:
+    if not isinstance(data, (list, tuple)) or len(data) != 5:
+        raise ValueError("bad subscription options: not an array of 5")
     qos, no_local, rap, rh, sid = data
     if qos not in (0, 1, 2) or rh not in (0, 1, 2) or not (sid is None or isinstance(sid, int)):
         raise ValueError("bad subscription options")
     return SubscriptionOptions(qos, bool(no_local), bool(rap), rh, sid)
 
 
-def image_of(session: Session) -> dict[str, Any]:
+def image_of(session: Session) -> dict[str, object]:
     """Everything of a session except its queue (which goes in chunks)."""
     return {
         "x": session.expiry_interval,
@@ -97,7 +101,9 @@ def image_of(session: Session) -> dict[str, Any]:
     }
 
 
-def stored_from_image(client_id: str, image: Any, queue: list[Delivery]) -> StoredSession:
+def stored_from_image(client_id: str, image: object, queue: list[Delivery]) -> StoredSession:
+    if not isinstance(image, dict):
+        raise HandoffError("bad session image: not a map")
     try:
         stored = StoredSession(
             client_id=client_id, expiry_interval=int(image["x"]), protocol_level=int(image["l"]),
@@ -189,7 +195,7 @@ class Takeover:
     claim_wire: list  # the HLC stamp of the claim made at CONNECT
     phase: str = "begin"
     cursor: int = 0
-    image: Any = None
+    image: object = None  # the session image from `ho_state`, until the queue is pulled
     queue: list[Delivery] = field(default_factory=list)
     messages: int = 0
     base: int = 0  # B's own queue entries are numbered from here

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from mqtt import Properties, Will
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -42,7 +42,7 @@ class Message:
         payload: bytes,
         qos: int,
         retain: bool,
-        properties: Any,
+        properties: Properties,
         expires_at: float | None = None,
         publisher: str | None = None,
         msg_id: int = 0,
@@ -137,7 +137,7 @@ class Session:
     _queue: deque[Delivery] | None = field(default=None, repr=False, compare=False)
     # Created on first use too (an empty set is ~0.2 KB): only QoS 2 publishers need it.
     _qos2_in: set[int] | None = field(default=None, repr=False, compare=False)
-    will: Any = None
+    will: Will | None = None
     disconnected_at: float | None = None
     dropped: int = 0
     stored: bool = False  # has records in the store (so ending it must delete them)

@@ -57,7 +57,7 @@ def _properties_to_map(p: Properties) -> dict[str, Any] | None:
     return out or None
 
 
-def _properties_from_map(m: Any) -> Properties:
+def _properties_from_map(m: object) -> Properties:
     if not m:
         return EMPTY_PROPERTIES
     if not isinstance(m, dict):
@@ -74,7 +74,7 @@ def _properties_from_map(m: Any) -> Properties:
     return Properties(**kwargs)
 
 
-def _check(m: Any) -> dict[str, Any]:
+def _check(m: object) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise RecordError("record is not a map")
     if m.get("v") != FORMAT_VERSION:
@@ -108,7 +108,7 @@ def message_map(msg: Message) -> dict[str, Any]:
     }
 
 
-def message_from_map(m: dict[str, Any]) -> Message:
+def message_from_map(m: object) -> Message:
     if not isinstance(m, dict):
         raise RecordError("message record is not a map")
     try:
@@ -302,7 +302,7 @@ def decode_will(data: bytes) -> tuple[Will, float | None]:
         raise RecordError(f"bad will record: {exc}") from None
 
 
-def encode_value(value: Any) -> bytes:
+def encode_value(value: object) -> bytes:
     return cbor2.dumps({"v": FORMAT_VERSION, "x": value})
 
 

@@ -494,7 +494,7 @@ class SessionStore(ABC):
         self._delete("retained", topic.encode("utf-8"))
         self._changed()
 
-    def put_meta(self, key: str, value: Any) -> None:
+    def put_meta(self, key: str, value: object) -> None:
         self._put("meta", key.encode("utf-8"), records.encode_value, value)
         self._changed()
 
