@@ -235,6 +235,8 @@ class ServerConnection:
             if packet is None:
                 return None
             if type(packet) is Publish:
+                if packet.properties is EMPTY_PROPERTIES and not packet.retain and packet.qos != 2:
+                    return packet  # the hot path: nothing to check, nothing to copy
                 return self._on_publish(packet)
             if type(packet) is Puback or type(packet) is Pubcomp:
                 if self._inflight is not None:
@@ -502,7 +504,8 @@ class ServerConnection:
         else:
             data = encode(Publish(topic=topic, payload=payload, qos=qos, retain=retain, dup=dup,
                                   packet_id=packet_id if qos else None, properties=properties), level)
-        if not self.fits(data):
+        limit = self.client_max_packet
+        if limit is not None and len(data) > limit:
             if packet_id is not None:
                 self.release_packet_id(packet_id)
             return None
