@@ -1,21 +1,17 @@
 """One MQTT client connection's I/O: bytes from the stream into the machine, events to
 the broker (`mesh.client.Client`), deliveries through the machine back to the stream.
 
-No task per message, and none for an idle plain-TCP client: such a connection waits in
-the node's `ParkingLot` (`mesh/parking.py`) and costs its objects only. Its CONNECT is
-usually answered right there, with no task at all (`on_readable`). Otherwise, and
-whenever a parked client sends, the connection gets one reader task (`run`), which
-parks it again once nothing was read for `PARK_AFTER` seconds. TLS and WebSocket
-clients keep their reader task for life.
+No task per message: one reader task (`run`) per connection, for life on TLS and
+WebSocket streams; a plain-TCP client in a node is a `mesh.parked.ParkedConnection`,
+which gives its task up while idle.
 
 `write` appends to the outbox; the first write into an empty outbox starts a writer
 task (in the node's connection nursery) that flushes the whole outbox in one `send_all`
 per round, coalescing writes per scheduler tick, and ends once the outbox is empty.
 
-The read side's one deadline is the machine's (`deadline`: the CONNECT timeout, then
-keep alive from the last bytes received). A parkable reader's cancel scope is not moved
-per read: when it fires, the reader asks the machine whether time ran out, and else
-parks the connection (idle) or carries on in a fresh scope.
+The read side's one deadline is the machine's (the CONNECT timeout, then keep alive
+from the last bytes received). When the reader's cancel scope fires, the reader asks
+the machine whether time ran out, and else parks (idle) or reads on in a fresh scope.
 """
 
 from __future__ import annotations
@@ -28,33 +24,31 @@ import trio
 
 from clock import Clock
 from mesh.client import OUTBOX_LIMIT, Client, _persistent, server_settings
-from mesh.parking import ParkingLot
-from mesh.streams import READ_SIZE, ByteStream, SocketByteStream
+from mesh.streams import READ_SIZE, ByteStream
 from mqtt import Connect, ReasonCode
 
 if TYPE_CHECKING:
     from mesh.broker import Broker
     from mesh.security import Security
 
-__all__ = ["ClientConnection", "OUTBOX_LIMIT", "PARK_AFTER"]
+__all__ = ["ClientConnection", "OUTBOX_LIMIT", "LOST"]
 
 log = logging.getLogger("meshd.connection")
 
 FLUSH_ON_CLOSE_TIMEOUT = 2.0
-# A parkable reader that read nothing for this long gives up its task. Long enough that
-# a busy client never churns between task and lot, short enough that idle ones do not
-# hold a task for long.
-PARK_AFTER = 1.0
-_LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)  # the peer is gone
 
 
 class ClientConnection(Client):
-    __slots__ = ("stream", "_nursery", "_reader_scope", "_writing", "_writer_done", "_lot", "_heap_at",
-                 "_lot_registered", "_idle_since")
+    __slots__ = ("stream", "_nursery", "_reader_scope", "_writing", "_writer_done", "_idle_since")
+    # TLS and WebSocket streams: the reader's cancel scope follows the machine's deadline
+    # on every read, so it fires only when time ran out (their receive is not cancelled
+    # for nothing). A parked connection's scope fires anyway once a second (mesh.parked).
+    scope_follows_reads = True
 
     def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, clock: Clock,
                  connect_timeout: float = 10.0, security: "Security | None" = None, peer_ip: str = "",
-                 cert_cn: str | None = None, nursery: trio.Nursery | None = None, lot: ParkingLot | None = None) -> None:
+                 cert_cn: str | None = None, nursery: trio.Nursery | None = None) -> None:
         super().__init__(broker, clock, server_settings(broker, connect_timeout), peer, transport,
                          security=security, peer_ip=peer_ip, cert_cn=cert_cn)
         self.stream = stream
@@ -64,9 +58,6 @@ class ClientConnection(Client):
         # only appends; otherwise the write starts a writer.
         self._writing = False
         self._writer_done: trio.Event | None = None  # made only when close waits for a writer
-        self._lot = lot  # plain TCP in a node only: the stream is a SocketByteStream
-        self._heap_at = math.inf  # owned by the lot
-        self._lot_registered = False  # owned by the lot
         self._idle_since = -math.inf  # clock.now() of the last read
 
     # ---------------------------------------------------------------- output
@@ -80,9 +71,7 @@ class ClientConnection(Client):
             self._nursery.start_soon(self._writer)
 
     def _stop(self) -> None:
-        if self._lot is not None and self._lot.unpark(self):
-            self._start()  # a task to say goodbye and close the socket
-        elif self._reader_scope is not None:
+        if self._reader_scope is not None:
             self._reader_scope.cancel()
 
     async def _writer(self) -> None:
@@ -97,7 +86,7 @@ class ClientConnection(Client):
                 await self.stream.send_all(data)
         except Exception as exc:
             # Runs in the node's nursery: a failed send ends this connection, never the node.
-            if not isinstance(exc, _LOST):
+            if not isinstance(exc, LOST):
                 log.exception("%s: writer failed", self.peer)
             log.debug("%s: send failed: %s", self.peer, exc)
             outbox.clear()
@@ -123,96 +112,12 @@ class ClientConnection(Client):
                 try:
                     await self.stream.send_all(data)
                     self.broker.stats.bytes_out += len(data)
-                except _LOST:
+                except LOST:
                     pass
-
-    # --------------------------------------------------------------- parking
-
-    def fileno(self) -> int:
-        assert isinstance(self.stream, SocketByteStream)
-        return self.stream.fileno()
-
-    @property
-    def deadline(self) -> float:
-        return self.machine.deadline
-
-    def park_new(self) -> None:
-        """A just-accepted connection: the CONNECT is often here already (sent right
-        after the handshake, which the kernel finished before accept)."""
-        self.on_readable()
 
     def _start(self) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self.run)
-
-    def on_readable(self) -> None:
-        """The lot: bytes (or EOF) arrived for this parked connection."""
-        if self.session is None and not self.closing:
-            try:
-                if self._connect_inline():
-                    return
-            except _LOST:
-                self.closing = True  # reset by the peer: the task closes the socket
-            except Exception:
-                log.exception("%s: CONNECT failed", self.peer)
-                self.closing = True
-        self._idle_since = self.clock.now()  # active now: the task reads for PARK_AFTER at least
-        self._start()
-
-    def on_deadline(self) -> None:
-        """The lot: the CONNECT timeout or keep alive ran out while parked."""
-        self._start()  # the task finds its deadline passed and says why
-
-    def on_lot_closed(self) -> None:
-        """The node stops: a connection still parked (no CONNECT yet) is closed."""
-        self.close()
-        self._start()
-
-    def _connect_inline(self) -> bool:
-        """Answer a CONNECT from the lot with no task when nothing in it must wait;
-        True when done (parked again), False when `run` must go on."""
-        lot = self._lot
-        stream = self.stream
-        assert lot is not None and isinstance(stream, SocketByteStream)
-        data = stream.receive_nowait(READ_SIZE)
-        if data is None:
-            return lot.park(self)  # woken for nothing
-        if not data:
-            return False  # EOF: the task ends the connection
-        self.broker.stats.bytes_in += len(data)
-        self.machine.receive_data(data, self.clock.now())
-        self._writing = True  # hold writes: they leave below, in one send, without a writer task
-        try:
-            end = self.handle_events(self.clock.wall())  # the CONNECT and what came with it
-        finally:
-            self._writing = False
-        if end:
-            self.closing = True  # the task flushes what is in the outbox, then closes
-        if self.closing or self.pending_connect is not None or not self._flush_now() or self._rate_delay:
-            return False
-        if self.session is not None:
-            self._idle_since = self.clock.now()
-        return lot.park(self)
-
-    def _flush_now(self) -> bool:
-        """Send the outbox as far as the socket takes it now; a writer task sends the
-        rest. False when the connection is broken."""
-        outbox = self._outbox
-        if not outbox:
-            return True
-        data = b"".join(outbox)
-        outbox.clear()
-        self._outbox_bytes = 0
-        assert isinstance(self.stream, SocketByteStream)
-        try:
-            sent = self.stream.send_nowait(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.debug("%s: send failed: %s", self.peer, exc)
-            return False
-        self.broker.stats.bytes_out += sent
-        if sent < len(data):
-            self.write(data[sent:])
-        return True
 
     # ------------------------------------------------------------------- run
 
@@ -244,12 +149,11 @@ class ClientConnection(Client):
                         log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, self.machine.keep_alive * 1.5)
                         self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
                     return
-                lot = self._lot
-                if lot is not None and now - self._idle_since >= PARK_AFTER and not self._rate_delay and lot.park(self):
+                if self._park(now):
                     parked = True
                     return
                 # Not due, not idle (or the lot is closed): read on in a fresh scope.
-        except* _LOST as group:
+        except* LOST as group:
             log.debug("%s: connection lost: %s", self.peer, group.exceptions[0])
         except* Exception:
             # A bug in one connection must not take the listener (or the node) down.
@@ -264,11 +168,12 @@ class ClientConnection(Client):
                     await self.stream.aclose()
 
     def _scope_deadline(self) -> float:
-        """When the reader's scope fires: the machine's deadline, or when it may park."""
-        lot = self._lot
-        if lot is None or lot.stopped or self.session is None:
-            return self.machine.deadline
-        return min(self.machine.deadline, self._idle_since + PARK_AFTER)
+        """When the reader's scope fires (a parkable connection: also when it may park)."""
+        return self.machine.deadline
+
+    def _park(self, now: float) -> bool:
+        """Give up the reader task (idle): True when parked (only `mesh.parked` parks)."""
+        return False
 
     async def _read_loop(self, scope: trio.CancelScope) -> None:
         """Handle what is buffered, then read and handle until the connection ends. The
@@ -278,10 +183,7 @@ class ClientConnection(Client):
         clock = self.clock
         stats = self.broker.stats
         receive = self.stream.receive_some
-        # TLS and WebSocket streams: the scope's deadline follows the machine's, so it
-        # fires only when time ran out (their receive is not cancelled for nothing).
-        # A parkable socket's scope fires anyway once a second (see `run`).
-        follow = self._lot is None
+        follow = self.scope_follows_reads
         while True:
             if self.handle_events(clock.wall()):
                 return

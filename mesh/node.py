@@ -38,6 +38,7 @@ from mesh.node_metrics import node_metrics
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
 from mesh.connection import ClientConnection
+from mesh.parked import ParkedConnection
 from mesh.streams import SocketByteStream
 from mesh.parking import ParkingLot
 from mqtt import ReasonCode
@@ -265,9 +266,9 @@ class Node:
                                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         host = str(addr[0]) if isinstance(addr, tuple) else ""
                         peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
-                        conn = ClientConnection(broker, SocketByteStream(sock), peer, "tcp", clock=self.clock,
-                                                connect_timeout=timeout, security=security, peer_ip=host,
-                                                nursery=connections, lot=lot)
+                        conn = ParkedConnection(broker, SocketByteStream(sock), peer, clock=self.clock, lot=lot,
+                                                nursery=connections, connect_timeout=timeout, security=security,
+                                                peer_ip=host)
                         conn.park_new()
                     else:
                         await trio.lowlevel.checkpoint()  # a full batch: let others run, then go on

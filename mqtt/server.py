@@ -51,7 +51,7 @@ from .packets import (
     Will,
 )
 from .properties import EMPTY_PROPERTIES, Properties
-from .reason_codes import ReasonCode
+from .reason_codes import PUBACK_REASONS, PUBREL_REASONS, ReasonCode
 
 __all__ = [
     "ServerSettings", "ServerState", "ServerConnection", "Event",
@@ -413,7 +413,7 @@ class ServerConnection:
     # ----------------------------------------------------------- acknowledging the client
 
     def puback(self, packet_id: int, reason_code: int = ReasonCode.SUCCESS) -> bytes:
-        return encode(Puback(packet_id=packet_id, reason_code=reason_code), self.protocol_level)
+        return _ack(0x40, packet_id, reason_code, PUBACK_REASONS, self.protocol_level)
 
     def pubrec(self, packet_id: int, reason_code: int = ReasonCode.SUCCESS) -> bytes:
         """PUBREC for a QoS 2 PUBLISH; unless it refuses the message, the packet id
@@ -423,11 +423,11 @@ class ServerConnection:
             if qos2_in is None:
                 qos2_in = self._qos2_in = set()
             qos2_in.add(packet_id)
-        return encode(Pubrec(packet_id=packet_id, reason_code=reason_code), self.protocol_level)
+        return _ack(0x50, packet_id, reason_code, PUBACK_REASONS, self.protocol_level)
 
     def pubcomp(self, packet_id: int, known: bool = True) -> bytes:
         reason = ReasonCode.SUCCESS if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-        return encode(Pubcomp(packet_id=packet_id, reason_code=reason), self.protocol_level)
+        return _ack(0x70, packet_id, reason, PUBREL_REASONS, self.protocol_level)
 
     def suback(self, packet_id: int, reason_codes: Iterable[int]) -> bytes:
         return encode(Suback(packet_id=packet_id, reason_codes=tuple(reason_codes)), self.protocol_level)
@@ -522,7 +522,19 @@ class ServerConnection:
         inflight = self._inflight
         if inflight is not None and packet_id in inflight:
             inflight[packet_id] = True
-            return encode(Pubrel(packet_id=packet_id), self.protocol_level)
+            return _ack(0x62, packet_id, ReasonCode.SUCCESS, PUBREL_REASONS, self.protocol_level)
         if self.protocol_level == 5:
-            return encode(Pubrel(packet_id=packet_id, reason_code=ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), 5)
+            return _ack(0x62, packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, PUBREL_REASONS, 5)
         return b""
+
+
+def _ack(first: int, packet_id: int, reason_code: int, allowed: frozenset[int], level: int) -> bytes:
+    """PUBACK/PUBREC/PUBREL/PUBCOMP without properties: the bytes `encode` gives for the
+    packet, without building it (one per QoS 1/2 message, in both directions)."""
+    if not 0 < packet_id <= 0xFFFF:
+        raise LocalProtocolError(f"packet id must be 1..65535, not {packet_id!r}")
+    if level < 5 or reason_code == 0:  # MQTT-3.4.2.1: a 0 reason code may be left out
+        return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
+    if reason_code not in allowed:
+        raise LocalProtocolError(f"reason code 0x{reason_code:02X} is not allowed here")
+    return bytes((first, 3, packet_id >> 8, packet_id & 0xFF, reason_code))

@@ -13,7 +13,7 @@ import trio.testing
 
 import clock
 
-import mesh.connection
+import mesh.parked
 from mqtt import Connect, Disconnect, Pingreq, Pingresp, Publish, Subscribe, Subscription, encode
 from mesh.parking import ParkingLot
 from tests.mesh.test_broker_raw import Raw, recv_until_close
@@ -34,7 +34,7 @@ def _wait_for(predicate, timeout: float = 5.0) -> None:
 
 @pytest.fixture
 def quick_park(monkeypatch):
-    monkeypatch.setattr(mesh.connection, "PARK_AFTER", 0.2)
+    monkeypatch.setattr(mesh.parked, "PARK_AFTER", 0.2)
 
 
 def test_connect_is_answered_while_parked_and_the_client_stays_parked(node):

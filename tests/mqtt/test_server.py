@@ -556,3 +556,19 @@ def test_any_client_stream_cut_anywhere_gives_the_same_events(level, packets, cu
     # and a violation ends the events.
     violations = [i for i, e in enumerate(whole.events) if isinstance(e, ProtocolViolation)]
     assert not violations or violations == [len(whole.events) - 1]
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_acknowledgements_are_the_encoders_bytes(level):
+    # The machine writes acks without building packets (the QoS 1/2 hot path): same bytes.
+    conn = play(wire(level, connect(level))).conn
+    for pid in (1, 255, 256, 65535):
+        for code in (ReasonCode.SUCCESS, ReasonCode.NO_MATCHING_SUBSCRIBERS, ReasonCode.NOT_AUTHORIZED):
+            assert conn.puback(pid, code) == encode(Puback(packet_id=pid, reason_code=code), level)
+        assert conn.pubcomp(pid, known=False) == encode(
+            Pubcomp(packet_id=pid, reason_code=ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), level)
+    with pytest.raises(LocalProtocolError):
+        conn.puback(0)
+    if level == 5:
+        with pytest.raises(LocalProtocolError):
+            conn.puback(1, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)  # not a PUBACK reason
