@@ -38,6 +38,10 @@ MAX_INBOUND_STREAMS = 32
 LAG_SAMPLE = 0.1
 
 
+# Owns a stream whose first frame had a registered type: (stream, that frame's envelope).
+StreamOwner = Callable[[trio.abc.Stream, wire.Envelope], Awaitable[None]]
+
+
 class Partitions(Protocol):
     """What holders of the gossip service ask about netsplits (the node passes
     ``netsplit.view.PartitionView``; gossip itself never decides on partitions)."""
@@ -104,7 +108,7 @@ class GossipService:
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._inbound = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
-        self._stream_handlers: dict[str, Callable[[trio.abc.Stream, dict], Awaitable[None]]] = {}
+        self._stream_handlers: dict[str, StreamOwner] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -132,7 +136,7 @@ class GossipService:
         """Ride push-pull anti-entropy: ``get_local()`` is sent, peers' state is merged."""
         self._push_pull[name] = (get_local, merge_remote)
 
-    def register_stream_handler(self, frame_type: str, handler: Callable[[trio.abc.Stream, dict], Awaitable[None]]) -> None:
+    def register_stream_handler(self, frame_type: str, handler: StreamOwner) -> None:
         """Hand inbound TCP streams on the gossip port whose first frame is of
         ``frame_type`` to ``handler(stream, first_envelope)`` (the mesh links use this).
         The handler owns the stream; frames on it use `seal_frame`/`open_frame`/`read_frame`."""
@@ -174,8 +178,10 @@ class GossipService:
 
     @property
     def stats(self) -> dict[str, int | float]:
-        out: dict[str, int | float] = dict(vars(self.swim.stats)) if self.swim is not None else {}
-        out.pop("by_type", None)
+        """The counters, by name (``malformed_by_reason`` has the malformed ones by reason)."""
+        out: dict[str, int | float] = {}
+        if self.swim is not None:
+            out.update((k, v) for k, v in vars(self.swim.stats).items() if isinstance(v, (int, float)))
         out.update(
             decrypt_failures=self.decrypt_failures,
             send_errors=self.send_errors,
@@ -184,6 +190,11 @@ class GossipService:
             health=self.swim.health if self.swim is not None else 0,
         )
         return out
+
+    @property
+    def malformed_by_reason(self) -> dict[str, int]:
+        """Malformed gossip input dropped, by reason (``wire.WireError.reason``)."""
+        return dict(self.swim.stats.malformed_by_reason) if self.swim is not None else {}
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind UDP and TCP on the gossip port, report it, run until cancelled."""
@@ -392,7 +403,7 @@ class GossipService:
             async with stream:
                 await handler(stream, envelope)
 
-    async def _serve_push_pull(self, stream: trio.abc.Stream) -> tuple[Callable[[trio.abc.Stream, dict], Awaitable[None]], dict] | None:
+    async def _serve_push_pull(self, stream: trio.abc.Stream) -> tuple[StreamOwner, wire.Envelope] | None:
         """Answer one push-pull exchange, or return the registered handler that owns
         this stream (the caller then runs it outside the push-pull limits)."""
         assert self.swim is not None
@@ -400,8 +411,12 @@ class GossipService:
         with trio.move_on_after(PUSH_PULL_TIMEOUT):
             try:
                 body = await read_frame(stream)
-            except (OSError, trio.BrokenResourceError, wire.WireError, EOFError):
-                self.swim.stats.malformed += 1
+            except wire.WireError as exc:
+                self.swim.count_malformed(exc, None)
+                body = None
+            except (OSError, trio.BrokenResourceError, EOFError) as exc:
+                # a stream that broke off before one whole frame
+                self.swim.count_malformed(wire.MalformedPacket(f"stream: {exc!r}", reason="short_stream"), None)
                 body = None
             opened = self._open_frame(body) if body is not None else None
             if opened is not None and self._stream_handlers:

@@ -184,7 +184,6 @@ class Stats:
     sweep_probes: int = 0
     fallback_acks: int = 0
     stale_verdicts: int = 0  # dead verdicts made across a split, taken as suspicions
-    by_type: dict[str, int] = field(default_factory=dict)
     # malformed input by reason (``wire.WireError.reason``); ``malformed`` is the sum
     malformed_by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -409,19 +408,21 @@ class Swim:
             log.debug("dropped a datagram from %s: %s", addr, exc)
             return
         except wire.MalformedPacket as exc:
-            self._malformed(exc, addr)
+            self.count_malformed(exc, addr)
             return
+        receivers = _RECEIVERS
         for raw in msgs:
-            receiver = _RECEIVERS.get(raw[0])
+            receiver = receivers.get(raw[0])
             if receiver is None:
                 self.stats.unknown_type += 1
                 continue
             try:
                 receiver(self, raw, sender, addr, now)
             except MalformedMessage as exc:
-                self._malformed(exc, addr)
+                self.count_malformed(exc, addr)
 
-    def _malformed(self, exc: wire.WireError, addr: Addr | None) -> None:
+    def count_malformed(self, exc: wire.WireError, addr: Addr | None) -> None:
+        """Malformed input dropped (by us or by the driver): counted by reason, logged at debug."""
         stats = self.stats
         stats.malformed += 1
         stats.malformed_by_reason[exc.reason] = stats.malformed_by_reason.get(exc.reason, 0) + 1
@@ -510,7 +511,7 @@ class Swim:
             return  # duplicate or superseded: the common case
         self._user_seen.pop((kind, key), None)
         self._user_seen[(kind, key)] = version
-        forwarded = msg._replace(hops=msg.hops + 1)
+        forwarded = User(kind, key, origin, ots, seq, msg.payload, msg.hops + 1)
         self._queue.queue(("u", kind, key), encode(forwarded))
         self._remember(forwarded, now)
         event_id = f"{origin}:{ots}:{seq}"
@@ -1110,10 +1111,10 @@ class Swim:
             log.debug("dropped a stream frame: %s", exc)
             return None
         except wire.MalformedPacket as exc:
-            self._malformed(exc, None)
+            self.count_malformed(exc, None)
             return None
         if isinstance(req, PushPull) and req.cluster != self.cluster_name:
-            self._malformed(MalformedMessage(f"push-pull of cluster {req.cluster!r}", reason="other_cluster"), None)
+            self.count_malformed(MalformedMessage(f"push-pull of cluster {req.cluster!r}", reason="other_cluster"), None)
             return None
         return req
 
@@ -1130,7 +1131,7 @@ class Swim:
             try:
                 entry = MemberEntry.from_wire(raw)
             except MalformedMessage as exc:
-                self._malformed(exc, None)
+                self.count_malformed(exc, None)
                 continue
             node, state, inc, changed_us = entry.node, entry.state, entry.incarnation, entry.changed_us
             addr = (entry.host, entry.port)
@@ -1157,7 +1158,7 @@ class Swim:
             try:
                 msg = User.from_retained(raw)
             except MalformedMessage as exc:
-                self._malformed(exc, None)
+                self.count_malformed(exc, None)
                 continue
             self._on_user(msg, sender, ("", 0), now)
         for name, (_get, merge) in self.push_pull_providers.items():

@@ -43,6 +43,11 @@ PUSH_PULL = "push_pull"
 COMPOUND = "compound"
 
 
+# A decoded CBOR map from the network: ``t`` and ``from`` are checked strings, the
+# other values are whatever the peer sent (their readers check them).
+Envelope = dict[str, Any]
+
+
 class WireError(Exception):
     """A packet or frame we must drop (counted by the caller, never fatal);
     ``reason`` is the short label it is counted under."""
@@ -107,7 +112,7 @@ def decode_packet(data: bytes) -> tuple[str, list[list[object]]]:
     return env["from"], parts
 
 
-def _decode_envelope(data: bytes) -> dict[str, Any]:
+def _decode_envelope(data: bytes) -> Envelope:
     try:
         env = cbor2.loads(data)
     except Exception as exc:  # cbor2 raises several types on hostile input
@@ -127,7 +132,7 @@ def encode_frame_body(msg_type: str, sender: str, fields: Mapping[str, object]) 
     return cbor2.dumps(env)
 
 
-def decode_frame_body(data: bytes) -> dict[str, Any]:
+def decode_frame_body(data: bytes) -> Envelope:
     """The envelope of a stream frame: a map whose ``t`` and ``from`` are strings
     (the rest is the caller's to check)."""
     return _decode_envelope(data)
