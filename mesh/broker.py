@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import uuid
+import random
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Protocol
 
@@ -116,8 +116,10 @@ REMEMBER_LIMIT = 100_000  # message identities remembered per session started in
 class Broker:
     def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
                  clock: Clock | None = None, mesh: Mesh | None = None,
-                 on_timer_change: Callable[[], None] | None = None) -> None:
+                 on_timer_change: Callable[[], None] | None = None, rng: random.Random | None = None) -> None:
         self.limits = limits or BrokerLimits()
+        # Assigned client ids; random.Random() seeds itself from the OS (ids must not repeat across runs).
+        self._rng = rng if rng is not None else random.Random()
         self.node_id = node_id
         self.store: SessionStore = store if store is not None else MemoryStore()
         # In `sync` durability a PUBACK/PUBREC waits until what the PUBLISH wrote is synced.
@@ -154,7 +156,7 @@ class Broker:
     # ------------------------------------------------------------------ connect
 
     def assign_client_id(self) -> str:
-        return "auto-" + uuid.uuid4().hex[:16]
+        return f"auto-{self._rng.getrandbits(64):016x}"
 
     def open_session(self, conn: ClientPort, connect: Connect, client_id: str, now: float) -> tuple[Session, bool]:
         """Attach `conn` to the session for `client_id`; return (session, session_present).

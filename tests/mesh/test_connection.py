@@ -1,0 +1,88 @@
+"""The Trio pump (mesh.connection) on an in-memory stream and Trio's MockClock: the
+machine's deadlines become exact virtual times, with no socket and no sleep."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from clock import TrioClock
+from mesh.broker import Broker
+from mesh.connection import ClientConnection
+from mqtt import Connack, Connect, Decoder, Disconnect, Packet, Pingreq, Pingresp, Publish, ReasonCode, Subscribe, Subscription, encode
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+class Peer:
+    """The client end of an in-memory stream, with a decoder for what the server sends."""
+
+    def __init__(self, stream: trio.testing.StapledStream, level: int = 5) -> None:
+        self.stream = stream
+        self.level = level
+        self.decoder = Decoder(role="client", protocol_level=level)
+
+    async def send(self, packet: Packet) -> None:
+        await self.stream.send_all(encode(packet, self.level))
+
+    async def recv(self) -> Packet | None:
+        """The next packet, or None at EOF."""
+        while (packet := self.decoder.next_packet()) is None:
+            data = await self.stream.receive_some()
+            if not data:
+                return None
+            self.decoder.feed(data)
+        return packet
+
+
+async def _serve(nursery: trio.Nursery, broker: Broker, connect_timeout: float = 10.0) -> Peer:
+    client, server = trio.testing.memory_stream_pair()
+    conn = ClientConnection(broker, server, "peer", clock=TrioClock(), connect_timeout=connect_timeout, nursery=nursery)
+    nursery.start_soon(conn.run)
+    return Peer(client)
+
+
+async def test_keep_alive_runs_out_one_and_a_half_keep_alives_after_the_last_packet(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        peer = await _serve(nursery, Broker())
+        await peer.send(Connect(client_id="ka", keep_alive=10, protocol_level=5))
+        assert isinstance(await peer.recv(), Connack)
+        t0 = trio.current_time()
+        await trio.sleep(14)
+        await peer.send(Pingreq())  # pushes the deadline to t0 + 14 + 15
+        assert isinstance(await peer.recv(), Pingresp)
+        assert await peer.recv() == Disconnect(reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT)
+        assert trio.current_time() == pytest.approx(t0 + 14 + 15)
+        assert await peer.recv() is None  # and the stream is closed
+
+
+async def test_no_connect_within_the_timeout_closes_without_a_word(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        t0 = trio.current_time()
+        peer = await _serve(nursery, Broker(), connect_timeout=3.0)
+        assert await peer.recv() is None
+        assert trio.current_time() == pytest.approx(t0 + 3.0)
+
+
+async def test_a_delivery_flows_through_the_machine_to_the_stream(autojump_clock):
+    broker = Broker()
+    async with trio.open_nursery() as nursery:
+        sub = await _serve(nursery, broker)
+        await sub.send(Connect(client_id="sub", keep_alive=0, protocol_level=5))
+        await sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("t/#", qos=1),)))
+        assert [type(await sub.recv()).__name__ for _ in range(2)] == ["Connack", "Suback"]
+        pub = await _serve(nursery, broker)
+        await pub.send(Connect(client_id="pub", keep_alive=0, protocol_level=5))
+        assert isinstance(await pub.recv(), Connack)
+        await pub.send(Publish(topic="t/1", payload=b"hi", qos=1, packet_id=9))
+        got = await sub.recv()
+        assert isinstance(got, Publish) and (got.topic, got.payload, got.qos, got.packet_id) == ("t/1", b"hi", 1, 1)
+        assert (await pub.recv()) is not None  # PUBACK
+        assert list(broker.sessions["sub"].inflight) == [1]
+        broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
+        assert await sub.recv() == Disconnect(reason_code=ReasonCode.SERVER_SHUTTING_DOWN)
+        assert await pub.recv() == Disconnect(reason_code=ReasonCode.SERVER_SHUTTING_DOWN)
