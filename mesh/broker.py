@@ -21,7 +21,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from clock import Clock, SystemClock
 from mesh.client_port import ClientPort, PublishCache
@@ -111,6 +111,16 @@ def _nothing() -> None:
 
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
 
+
+
+@dataclass(slots=True)
+class _SessionTarget:
+    """One session's copy of a message matched by several of its subscriptions."""
+
+    session: Session
+    qos: int
+    retain: bool
+    subscription_ids: list[int]
 
 
 class Broker:
@@ -472,7 +482,7 @@ class Broker:
                 delivered += 1
             return delivered
         # One copy per session: highest QoS, every subscription identifier (MQTT-3.3.4-2..5).
-        targets: dict[str, list[Any]] = {}
+        targets: dict[str, _SessionTarget] = {}
         for topic_filter, client_ids in matches:
             for client_id in client_ids:
                 session = sessions[client_id]
@@ -486,8 +496,8 @@ class Broker:
                 continue
             options = member.subscriptions[f"$share/{group}/{real_filter}"]
             self._merge_target(targets, member, options, msg)
-        for session, qos, retain, sub_ids in targets.values():
-            self.deliver(session, Delivery(msg, qos, retain, tuple(sub_ids)), now, cache)
+        for t in targets.values():
+            self.deliver(t.session, Delivery(msg, t.qos, t.retain, tuple(t.subscription_ids)), now, cache)
         return len(targets)
 
     def _shared_keys(self, topic: str, only_groups: list[tuple[str, str]] | None,
@@ -521,18 +531,18 @@ class Broker:
         return mine
 
     @staticmethod
-    def _merge_target(targets: dict[str, list[Any]], session: Session, options: SubscriptionOptions, msg: Message) -> None:
+    def _merge_target(targets: dict[str, _SessionTarget], session: Session, options: SubscriptionOptions, msg: Message) -> None:
         qos = options.qos if options.qos < msg.qos else msg.qos
         retain = msg.retain and options.retain_as_published
         entry = targets.get(session.client_id)
         if entry is None:
-            targets[session.client_id] = [session, qos, retain, [options.subscription_id] if options.subscription_id else []]
+            targets[session.client_id] = _SessionTarget(session, qos, retain, [options.subscription_id] if options.subscription_id else [])
             return
-        if qos > entry[1]:
-            entry[1] = qos
-        entry[2] = entry[2] or retain
+        if qos > entry.qos:
+            entry.qos = qos
+        entry.retain = entry.retain or retain
         if options.subscription_id:
-            entry[3].append(options.subscription_id)
+            entry.subscription_ids.append(options.subscription_id)
 
     def _pick_shared(self, group: str, real_filter: str) -> Session | None:
         key = (group, real_filter)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from clock import Clock
 from mesh.acl import ClientAcl
@@ -274,13 +274,11 @@ class Client:
             props = EMPTY_PROPERTIES
             if machine.protocol_level == 5:
                 props = msg.properties
-                changes: dict[str, Any] = {}
-                if d.subscription_ids:
-                    changes["subscription_identifiers"] = d.subscription_ids
-                if msg.expires_at is not None:
-                    changes["message_expiry_interval"] = msg.remaining_expiry(now)
-                if changes:
-                    props = replace(props, **changes)
+                if d.subscription_ids or msg.expires_at is not None:  # per delivery (MQTT-3.3.2-6, 3.3.4-3)
+                    props = replace(
+                        props, subscription_identifiers=d.subscription_ids or props.subscription_identifiers,
+                        message_expiry_interval=props.message_expiry_interval if msg.expires_at is None
+                        else msg.remaining_expiry(now))
             data = machine.publish(msg.topic, msg.payload, d.qos, d.retain, packet_id, props, dup)
             if data is None:
                 self._drop_too_large(packet_id)
@@ -513,6 +511,10 @@ def _persistent(c: Connect) -> bool:
     return (c.properties.session_expiry_interval or 0) > 0 if c.protocol_level == 5 else not c.clean_start
 
 
-def _handoff_is_noop(handoffs: Any, client_id: str, clean_start: bool, persistent: bool) -> bool:
+class _ConnectClaims(Protocol):
+    def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool: ...
+
+
+def _handoff_is_noop(handoffs: _ConnectClaims | None, client_id: str, clean_start: bool, persistent: bool) -> bool:
     """Whether the CONNECT can be answered without awaiting the session handoff."""
     return handoffs is not None and bool(handoffs.connect_is_local(client_id, clean_start, persistent))
