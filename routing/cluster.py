@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol
 import trio
 
 from clock import Clock
+from gossip.events import MemberState
 from routing.forward import ForwardTarget
 from routing.handoff_driver import Handoffs, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
@@ -49,6 +50,7 @@ HELD_EXPIRY_INTERVAL = 5.0
 RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
 HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
+_GONE = (MemberState.DEAD, MemberState.LEFT)
 
 
 class LocalBroker(SessionHost, Protocol):
@@ -165,7 +167,7 @@ class Cluster:
         a peer that has not seen it die yet would hand them back (in a snapshot, a
         delta or a digest to pull for), and forwards to them would wait on a link
         that cannot deliver.  When the member is back, its own routes are pulled."""
-        if self.gossip.member_state(origin) in ("dead", "left"):
+        if self.gossip.member_state(origin) in _GONE:
             self.routes_of_gone_ignored += 1
             return True
         return False
@@ -205,15 +207,15 @@ class Cluster:
             self._pull_routes(delta.origin)
 
     def _on_member_change(self, member: str, state: str) -> None:
-        if state in ("dead", "left"):
+        if state in _GONE:
             filters = self.table.remote[member].filters if member in self.table.remote else set()
-            if state == "dead" and self.held.hold(member, filters, self.clock.wall()):
+            if state == MemberState.DEAD and self.held.hold(member, filters, self.clock.wall()):
                 # Unreachable, not gone: its routes are held and what matches them is
                 # kept for it until it is back (or the hold period ends).
                 self._store_held_routes(member)
                 log.warning("member %s unreachable: holding QoS >= 1 messages for its %d routes", member,
                             len(self.held.members[member].filters))
-            elif state == "left":
+            elif state == MemberState.LEFT:
                 self._forget_held(member)
                 self._recent.pop(member, None)
             dropped = self.table.drop_origin(member)
@@ -223,7 +225,7 @@ class Cluster:
             if link is not None:
                 link.cancel_scope.cancel()
                 self._release(self._hold_failed(member, link.fail_all()))
-        elif state == "alive":
+        elif state == MemberState.ALIVE:
             self._replay_held(member)
             self._pull_routes(member)
             if not self._retained_pulled:

@@ -2,7 +2,7 @@
 
 The sans-I/O half: the wire form of a session, the taker's state machine (`Takeover`,
 on the node that received the CONNECT) and the giver's bookkeeping (`Giving`, on the
-owner).  No Trio, no sockets, no clock reads; `session_store.handoff_driver` runs it
+owner).  No Trio, no sockets, no clock reads; `routing.handoff_driver` runs it
 over the mesh links.
 
 The protocol (B takes over from A; every frame is a request on B's link to A with one
