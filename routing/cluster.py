@@ -20,16 +20,18 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import trio
 
 from clock import Clock
 from gossip.events import MemberState
+from gossip.trace import Tracer
+from gossip.wire import Envelope
 from routing.forward import ForwardTarget
-from routing.handoff_driver import Handoffs, SessionHost
+from routing.handoff_driver import ClaimGossip, Handoffs, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
-from routing.links import AckGate, InboundLinks, LinkItem, OutboundLink, Reply
+from routing.links import AckGate, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
 from routing.retained import RetainedIndex
 from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
@@ -37,9 +39,6 @@ from routing.wire import ForwardedItem, PeerDigest, RouteBroadcast, forwarded_to
 from session_store import records
 from session_store.model import Message
 
-if TYPE_CHECKING:
-    from gossip.service import GossipService
-    from gossip.trace import NullTraceWriter, TraceWriter
 
 log = logging.getLogger("meshd.cluster")
 
@@ -73,6 +72,18 @@ class LocalBroker(SessionHost, Protocol):
     def when_durable(self, epoch: int, callback: Callable[[], None]) -> None: ...
 
 
+class ClusterGossip(ClaimGossip, LinkGossip, Protocol):
+    """What the cluster needs of gossip: route broadcasts and digests, member changes,
+    the mesh links' stream handler (and what the handoff driver and the links need)."""
+
+    def on_member_change(self, handler: Callable[[str, MemberState], None]) -> None: ...
+
+    def member_state(self, member_id: str) -> str | None: ...
+
+    def register_stream_handler(self, frame_type: str,
+                                handler: Callable[[trio.abc.Stream, Envelope], Awaitable[None]]) -> None: ...
+
+
 class MetaStore(Protocol):
     """The part of the session store the cluster writes (held traffic) and waits on."""
 
@@ -89,7 +100,7 @@ class MetaStore(Protocol):
 
 class Cluster:
     def __init__(self, *, node_id: str, port: MeshPort, broker: LocalBroker, store: MetaStore,
-                 gossip: "GossipService", trace: "TraceWriter | NullTraceWriter", cluster_name: str, clock: Clock,
+                 gossip: ClusterGossip, trace: Tracer, cluster_name: str, clock: Clock,
                  rng: random.Random | None = None, hold_period: float = 86400.0, held_max_messages: int = 10_000,
                  held_max_age: float = 3600.0, recovered_meta: Mapping[str, object] | None = None) -> None:
         self.node_id = node_id

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import trio
 
@@ -32,9 +32,7 @@ from session_store.model import Delivery, Session
 from session_store.ownership import Claim, OwnershipRegister
 from session_store.store import StoredSession
 
-if TYPE_CHECKING:
-    from gossip.service import GossipService
-    from gossip.trace import NullTraceWriter, TraceWriter
+from gossip.trace import Tracer
 
 log = logging.getLogger("meshd.handoff")
 
@@ -47,6 +45,20 @@ MAX_REDIRECTS = 3
 HOUSEKEEPING_INTERVAL = 2.0
 REMEMBER_FOR = 24 * 3600.0  # how long a session started in a conflict remembers what it got
 PUSH_GRACE_MS = 2000  # a copy held for another owner waits this long for a takeover first
+
+
+class ClaimGossip(Protocol):
+    """What the ownership register needs of gossip: its `own` broadcasts, the `owners`
+    push-pull state, and who is reachable."""
+
+    def broadcast(self, kind: str, key: str, payload: object) -> None: ...
+
+    def on_broadcast(self, kind: str, handler: Callable[[str, object], None]) -> None: ...
+
+    def register_push_pull(self, name: str, get_local: Callable[[], object],
+                           merge_remote: Callable[[object], None]) -> None: ...
+
+    def alive_members(self) -> list[str]: ...
 
 
 class SessionHost(Protocol):
@@ -116,8 +128,8 @@ class HandoffStats:
 
 
 class Handoffs:
-    def __init__(self, *, node_id: str, broker: SessionHost, gossip: "GossipService", cluster: MeshRequests,
-                 trace: "TraceWriter | NullTraceWriter", clock: Clock) -> None:
+    def __init__(self, *, node_id: str, broker: SessionHost, gossip: ClaimGossip, cluster: MeshRequests,
+                 trace: Tracer, clock: Clock) -> None:
         self.node_id = node_id
         self.broker = broker
         self.gossip = gossip

@@ -18,15 +18,24 @@ import itertools
 import logging
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
 from gossip import wire
 from gossip.service import read_frame
 
-if TYPE_CHECKING:
-    from gossip.service import GossipService
+
+class LinkGossip(Protocol):
+    """What a mesh link needs of gossip: where a member listens, and the cluster key's
+    sealing (gossip owns the key and the listening socket)."""
+
+    def member_address(self, member_id: str) -> tuple[str, int] | None: ...
+
+    def seal_frame(self, body: bytes) -> bytes: ...
+
+    def open_frame(self, body: bytes) -> bytes | None: ...
+
 
 log = logging.getLogger("meshd.links")
 
@@ -74,7 +83,7 @@ class _Marker:
 class FramedStream:
     """Envelopes over one TCP stream, sealed with the cluster key."""
 
-    def __init__(self, stream: trio.abc.Stream, gossip: "GossipService", node_id: str) -> None:
+    def __init__(self, stream: trio.abc.Stream, gossip: LinkGossip, node_id: str) -> None:
         self.stream = stream
         self.gossip = gossip
         self.node_id = node_id
@@ -95,7 +104,7 @@ class FramedStream:
 class OutboundLink:
     """This node's link to one peer: a queue, a connection task, resends."""
 
-    def __init__(self, peer: str, gossip: "GossipService", node_id: str, epoch: str, cluster_name: str,
+    def __init__(self, peer: str, gossip: LinkGossip, node_id: str, epoch: str, cluster_name: str,
                  on_acked: Callable[[list[LinkItem]], None]) -> None:
         self.peer = peer
         self.gossip = gossip
@@ -224,7 +233,7 @@ class OutboundLink:
 class InboundLinks:
     """Accepts links from peers and hands their frames to `handle_batch`."""
 
-    def __init__(self, cluster_name: str, gossip: "GossipService", node_id: str,
+    def __init__(self, cluster_name: str, gossip: LinkGossip, node_id: str,
                  handle_batch: Callable[[str, list[object]], None],
                  batch_taken: Callable[[], Awaitable[None]],
                  handle_request: Callable[[str, dict[str, Any]], Reply | Awaitable[Reply]]) -> None:
