@@ -572,3 +572,30 @@ def test_acknowledgements_are_the_encoders_bytes(level):
     if level == 5:
         with pytest.raises(LocalProtocolError):
             conn.puback(1, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)  # not a PUBACK reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(level=st.sampled_from([3, 4, 5]),
+       garbage=st.one_of(st.binary(max_size=64), st.sampled_from([b"\xe0\x00", b"\xc0\x00\xe0\x00\xc0\x00"])),
+       before_connect=st.booleans(),
+       cut=st.integers(0, 200))
+def test_garbage_in_any_state_ends_in_one_violation_and_never_raises(level, garbage, before_connect, cut):
+    # Whatever the bytes, the machine answers with events (never an exception), a
+    # violation is the last event, and close() answers in the state it came in.
+    data = garbage if before_connect else wire(level, connect(level, keep_alive=5)) + garbage
+    script = Script()
+    script.feed(data[:cut])
+    script.feed(data[cut:])
+    ends = [i for i, e in enumerate(script.events) if isinstance(e, (ProtocolViolation, ConnectRefused))]
+    assert not ends or ends == [len(script.events) - 1]
+    if ends:
+        assert script.conn.state is ServerState.CLOSED  # the Script closed it
+        assert script.conn.next_event() is None
+        assert script.conn.deadline == math.inf
+    elif script.events and isinstance(script.events[-1], Disconnect):
+        assert script.conn.state is ServerState.CLOSED and script.conn.deadline == math.inf
+    elif script.conn.state is ServerState.CONNECTED:
+        assert script.conn.deadline == pytest.approx(script.now + 5 * 1.5)
+    else:
+        assert script.conn.state is ServerState.AWAITING_CONNECT
+        assert script.conn.deadline == ServerSettings().connect_timeout
