@@ -16,6 +16,7 @@ never makes the node grow without bound).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from dataclasses import replace
@@ -31,7 +32,7 @@ from routing.links import AckGate
 from session_store.model import Delivery, Session
 
 if TYPE_CHECKING:
-    from mesh.broker import Broker
+    from mesh.broker import Broker, BrokerLimits
     from mesh.security import AuthResult, Security
 
 log = logging.getLogger("meshd.connection")
@@ -46,8 +47,8 @@ _LIMIT_BY_REASON: dict[int, str] = {
 }
 
 
-def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
-    limits = broker.limits
+@functools.lru_cache(maxsize=8)
+def _server_settings(limits: "BrokerLimits", connect_timeout: float) -> ServerSettings:
     return ServerSettings(
         receive_maximum=limits.receive_maximum, max_packet_size=limits.max_packet_size,
         topic_alias_maximum=limits.topic_alias_maximum, max_keepalive=limits.max_keepalive,
@@ -55,11 +56,16 @@ def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
     )
 
 
+def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
+    """What the machine grants, shared by every connection under the same limits."""
+    return _server_settings(broker.limits, connect_timeout)
+
+
 class Client:
     __slots__ = (
         "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
         "session", "acl", "acl_generation", "closing", "pending_connect", "_publish_bucket", "_rate_delay",
-        "_pending_acks", "_outbox", "_outbox_bytes",
+        "_pending_acks",
     )
 
     def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
@@ -84,10 +90,11 @@ class Client:
         self._rate_delay = 0.0  # seconds the reader pauses (publish_rate)
         # Acks waiting for a sync or a remote node, in order; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, bytes]] | None = None
-        self._outbox: list[bytes] = []
-        self._outbox_bytes = 0
 
     # -------------------------------------------------------------- to the I/O side
+
+    # Bytes written and not yet sent (the I/O shell's outbox): QoS 0 is dropped above OUTBOX_LIMIT.
+    _outbox_bytes: int
 
     def write(self, data: bytes) -> None:
         raise NotImplementedError  # the I/O shell sends it
@@ -226,7 +233,7 @@ class Client:
             client_id = self.client_id = assigned = self.broker.assign_client_id()
         session, present = self.broker.open_session(self, c, client_id, now)
         self.session = session
-        self.write(self.machine.accept(self.clock.now(), session_present=present, assigned_client_identifier=assigned,
+        self.write(self.machine.accept(session_present=present, assigned_client_identifier=assigned,
                                        response_information=f"meshd/response/{client_id}"))
         log.debug("%s: %s connected (v%d, %s, session present=%s)", self.peer, client_id, c.protocol_level,
                   self.transport, present)

@@ -40,7 +40,8 @@ LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)  # the peer
 
 
 class ClientConnection(Client):
-    __slots__ = ("stream", "_nursery", "_reader_scope", "_writing", "_writer_done", "_idle_since")
+    __slots__ = ("stream", "_nursery", "_reader_scope", "_writing", "_writer_done", "_idle_since", "_outbox",
+                 "_outbox_bytes")
     # TLS and WebSocket streams: the reader's cancel scope follows the machine's deadline
     # on every read, so it fires only when time ran out (their receive is not cancelled
     # for nothing). A parked connection's scope fires anyway once a second (mesh.parked).
@@ -59,16 +60,31 @@ class ClientConnection(Client):
         self._writing = False
         self._writer_done: trio.Event | None = None  # made only when close waits for a writer
         self._idle_since = -math.inf  # clock.now() of the last read
+        self._outbox: list[bytes] | None = None  # what `write` collected for the writer
+        self._outbox_bytes = 0
 
     # ---------------------------------------------------------------- output
 
     def write(self, data: bytes) -> None:
-        self._outbox.append(data)
+        outbox = self._outbox
+        if outbox is None:
+            self._outbox = [data]  # made per burst: an idle client holds no list
+        else:
+            outbox.append(data)
         self._outbox_bytes += len(data)
         if not self._writing:
             self._writing = True
             assert self._nursery is not None
             self._nursery.start_soon(self._writer)
+
+    def _take_outbox(self) -> bytes:
+        """Everything written and not yet sent, as one buffer; the outbox is empty after."""
+        outbox = self._outbox
+        self._outbox = None
+        self._outbox_bytes = 0
+        if not outbox:
+            return b""
+        return outbox[0] if len(outbox) == 1 else b"".join(outbox)
 
     def _stop(self) -> None:
         if self._reader_scope is not None:
@@ -76,12 +92,8 @@ class ClientConnection(Client):
 
     async def _writer(self) -> None:
         """Flush the outbox until it is empty, then end (started by `write`)."""
-        outbox = self._outbox
         try:
-            while outbox:
-                data = b"".join(outbox)
-                outbox.clear()
-                self._outbox_bytes = 0
+            while data := self._take_outbox():
                 self.broker.stats.bytes_out += len(data)
                 await self.stream.send_all(data)
         except Exception as exc:
@@ -89,8 +101,7 @@ class ClientConnection(Client):
             if not isinstance(exc, LOST):
                 log.exception("%s: writer failed", self.peer)
             log.debug("%s: send failed: %s", self.peer, exc)
-            outbox.clear()
-            self._outbox_bytes = 0
+            self._take_outbox()  # lost with the connection
             self.close()
         finally:
             if self._writer_done is None:
@@ -105,10 +116,8 @@ class ClientConnection(Client):
                 self._writer_done = trio.Event()
                 await self._writer_done.wait()
             self._writing = True  # from now on nothing starts a writer
-            if self._outbox:
-                data = b"".join(self._outbox)
-                self._outbox.clear()
-                self._outbox_bytes = 0
+            data = self._take_outbox()
+            if data:
                 try:
                     await self.stream.send_all(data)
                     self.broker.stats.bytes_out += len(data)
@@ -206,8 +215,7 @@ class ClientConnection(Client):
             if not data:
                 return
             stats.bytes_in += len(data)
-            now = clock.now()
-            self._idle_since = now
+            self._idle_since = now = clock.now()
             machine.receive_data(data, now)
 
     async def _handshake(self, c: Connect) -> bool:
@@ -231,7 +239,7 @@ class ClientConnection(Client):
             # that holds it (bounded by the handoff budget, below the CONNECT timeout).
             if await mesh.prepare_connect(c.client_id, c.clean_start, _persistent(c)) == "superseded":
                 # A newer CONNECT for this id won elsewhere: this one is taken over.
-                self.write(self.machine.accept(self.clock.now(), session_present=False))
+                self.write(self.machine.accept(session_present=False))
                 self.close(ReasonCode.SESSION_TAKEN_OVER)
                 return False
         self.open_session(c, self.clock.wall())

@@ -108,7 +108,8 @@ class ParkedConnection(ClientConnection):
         if not data:
             return False  # EOF: the task ends the connection
         self.broker.stats.bytes_in += len(data)
-        self.machine.receive_data(data, self.clock.now())
+        now = self.clock.now()
+        self.machine.receive_data(data, now)
         self._writing = True  # hold writes: they leave below, in one send, without a writer task
         try:
             end = self.handle_events(self.clock.wall())  # the CONNECT and what came with it
@@ -119,18 +120,15 @@ class ParkedConnection(ClientConnection):
         if self.closing or self.pending_connect is not None or not self._flush_now() or self._rate_delay:
             return False
         if self.session is not None:
-            self._idle_since = self.clock.now()
+            self._idle_since = now  # the same float as the machine's: an idle client holds one
         return lot.park(self)
 
     def _flush_now(self) -> bool:
         """Send the outbox as far as the socket takes it now; a writer task sends the
         rest. False when the connection is broken."""
-        outbox = self._outbox
-        if not outbox:
+        data = self._take_outbox()
+        if not data:
             return True
-        data = b"".join(outbox)
-        outbox.clear()
-        self._outbox_bytes = 0
         assert isinstance(self.stream, SocketByteStream)
         try:
             sent = self.stream.send_nowait(data)

@@ -152,13 +152,23 @@ Event = Union[
 ]
 
 
+class _Aliases:
+    """Topic aliases of one connection, made on first use (most clients use none)."""
+
+    __slots__ = ("inbound", "outbound")
+
+    def __init__(self) -> None:
+        self.inbound: dict[int, str] = {}  # the client's aliases
+        self.outbound: dict[str, int] = {}  # ours, up to the client's Topic Alias Maximum
+
+
 class ServerConnection:
     """One client connection's MQTT state; see the module docstring."""
 
     __slots__ = (
         "settings", "_decoder", "_state", "protocol_level", "keep_alive", "will", "_connect",
         "_connect_deadline", "_last_received", "_session_expiry", "send_window", "client_max_packet",
-        "_alias_in", "_alias_out", "topic_alias_out_max", "_inflight", "_qos2_in", "_next_packet_id", "_failed",
+        "_aliases", "topic_alias_out_max", "_inflight", "_qos2_in", "_next_packet_id", "_failed",
     )
 
     def __init__(self, settings: ServerSettings, now: float) -> None:
@@ -175,8 +185,7 @@ class ServerConnection:
         self.send_window = settings.max_inflight
         self.client_max_packet: int | None = None  # v5 Maximum Packet Size of the client
         # Created on first use: most clients use no alias, few send QoS 2.
-        self._alias_in: dict[int, str] | None = None
-        self._alias_out: dict[str, int] | None = None
+        self._aliases: _Aliases | None = None
         self.topic_alias_out_max = 0  # aliases the client lets us set (0: none; PUBLISH bytes then differ per client)
         self._inflight: dict[int, bool] | None = None  # packet id -> PUBREL sent (QoS 2)
         self._qos2_in: set[int] | None = None  # QoS 2 publishes received, PUBREL not yet
@@ -282,6 +291,7 @@ class ServerConnection:
 
     def _on_connect(self, c: Connect) -> Connect | ConnectRefused:
         self._move(_Input.CONNECT_RECEIVED)
+        self._connect_deadline = math.inf  # its float is garbage now: an idle client keeps none
         level = self.protocol_level = c.protocol_level
         if not c.client_id and not (level == 5 or (level == 4 and c.clean_start)):
             # MQTT-3.1.3-8: 3.1.1 assigns an id only to a clean session; 3.1 never does.
@@ -315,9 +325,9 @@ class ServerConnection:
             alias = p.properties.topic_alias
             if alias > self.settings.topic_alias_maximum:
                 return self._violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum")
-            aliases = self._alias_in
-            if aliases is None:
-                aliases = self._alias_in = {}
+            if self._aliases is None:
+                self._aliases = _Aliases()
+            aliases = self._aliases.inbound
             if p.topic:
                 aliases[alias] = p.topic
             else:
@@ -357,16 +367,15 @@ class ServerConnection:
 
     # ----------------------------------------------------------- connecting and closing
 
-    def accept(self, now: float, *, session_present: bool, assigned_client_identifier: str | None = None,
+    def accept(self, *, session_present: bool, assigned_client_identifier: str | None = None,
                response_information: str | None = None) -> bytes:
-        """CONNACK for the CONNECT event: the connection is up (keep alive starts now).
-        `response_information` is sent only to a v5 client that asked for it."""
+        """CONNACK for the CONNECT event: the connection is up, keep alive counting from
+        the CONNECT's arrival. `response_information` goes only to a v5 client that asked."""
         c = self._connect
         if c is None or self._state is not ServerState.CONNECTING:
             raise LocalProtocolError(f"accept in state {self._state.value}")
         self._move(_Input.ACCEPTED)
         self._connect = None
-        self._last_received = now
         props = EMPTY_PROPERTIES
         if self.protocol_level == 5:
             s = self.settings
@@ -489,9 +498,9 @@ class ServerConnection:
         delivered, its packet id freed)."""
         level = self.protocol_level
         if self.topic_alias_out_max and not dup and level == 5:
-            aliases = self._alias_out
-            if aliases is None:
-                aliases = self._alias_out = {}
+            if self._aliases is None:
+                self._aliases = _Aliases()
+            aliases = self._aliases.outbound
             alias = aliases.get(topic)
             if alias is not None:
                 properties = replace(properties, topic_alias=alias)

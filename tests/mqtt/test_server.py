@@ -91,7 +91,7 @@ class Script:
     def answer(self, event: Event) -> bytes:
         conn = self.conn
         if isinstance(event, Connect):
-            out = conn.accept(self.now, session_present=False,
+            out = conn.accept(session_present=False,
                               assigned_client_identifier=None if event.client_id else "assigned-1")
             self.conn.receive_data(b"", self.now)  # what came behind the CONNECT is now decodable
             return out
@@ -196,7 +196,7 @@ def test_packets_behind_a_connect_wait_for_accept():
     event = conn.next_event()
     assert isinstance(event, Connect) and conn.state is ServerState.CONNECTING
     assert conn.next_event() is None  # the PINGREQ is held until the CONNECT is answered
-    conn.accept(0.0, session_present=True)
+    conn.accept(session_present=True)
     assert isinstance(conn.next_event(), Pingreq)
 
 
@@ -512,17 +512,17 @@ def test_superseded_connect_is_accepted_then_taken_over():
     conn = ServerConnection(ServerSettings(), 0.0)
     conn.receive_data(wire(5, connect()), 0.0)
     assert isinstance(conn.next_event(), Connect)
-    out = conn.accept(0.0, session_present=False) + conn.close(ReasonCode.SESSION_TAKEN_OVER)
+    out = conn.accept(session_present=False) + conn.close(ReasonCode.SESSION_TAKEN_OVER)
     assert [type(p) for p in decode_all(out, 5)] == [Connack, Disconnect]
 
 
 def test_calls_out_of_order_are_the_callers_bug():
     conn = ServerConnection(ServerSettings(), 0.0)
     with pytest.raises(LocalProtocolError):
-        conn.accept(0.0, session_present=False)
+        conn.accept(session_present=False)
     conn.close()
     with pytest.raises(LocalProtocolError):
-        conn.accept(0.0, session_present=False)
+        conn.accept(session_present=False)
 
 
 # ----------------------------------------------------------------- any packets, any cuts
