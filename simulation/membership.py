@@ -24,7 +24,7 @@ from typing import Any, Callable, TextIO
 
 from clock import Clock, SystemClock
 from gossip.config import GossipConfig, preset
-from gossip.events import DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, MemberState, ProbeFailed, SwimEvent
+from gossip.events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, MemberState, ProbeFailed, SwimEvent
 from gossip.formulas import suspicion_bounds, suspicion_timeout
 from gossip.swim import Swim, frame_body
 from gossip.trace import NullTraceWriter, TraceWriter
@@ -396,12 +396,12 @@ class Simulation:
         prev = det.states.get(member)
         side = self.side[i]
         if self.p.partition is not None:
-            if (prev in (None, "alive")) != (state == "alive"):
-                self._not_alive[i] += 1 if state != "alive" else -1
+            if (prev in (None, ALIVE)) != (state == ALIVE):
+                self._not_alive[i] += 1 if state != ALIVE else -1
                 if self._not_alive[i] == 0 and self.p.heal_at is not None and now >= self.p.heal_at:
                     self.one_view_at[i] = now
             if side is not None and self.side[j] is not None and side != self.side[j]:
-                if state == SUSPECT and prev in (None, "alive"):
+                if state == SUSPECT and prev in (None, ALIVE):
                     self._far_suspect[(i, j)] = now
                 if state == DEAD and prev != DEAD:
                     t0 = self._far_suspect.pop((i, j), None)
