@@ -9,6 +9,11 @@ answers one, ``receive_stream_reply(frame, now)`` takes the answer.  No sockets,
 no clock reads, randomness from the injected ``random.Random``: the real Trio driver
 and the discrete-event simulator run this exact code.
 
+Messages arrive and leave as the typed records of ``gossip.messages`` (checked on
+the way in: malformed input is counted by reason in ``stats`` and dropped, and a
+bug in a handler propagates).  Timers are ``(deadline, seq, Timer, arg)`` in a heap;
+``_TIMER_HANDLERS`` maps each ``Timer`` kind to the method that handles it.
+
 Semantics follow hashicorp/memberlist (state.go, suspicion.go, awareness.go), with
 ``now`` passed in instead of read.
 """

@@ -18,6 +18,9 @@ Message layouts (after the type)::
     dead      node, incarnation, declared by (== node: left), origin ts (µs), hops
     user      kind, key, origin, origin ts (µs), origin seq, payload, hops
 TCP (push-pull) frames are one envelope behind a 4-byte big-endian length.
+
+``gossip.messages`` turns the arrays into typed records and back; this module only
+frames and checks envelopes.
 """
 
 from __future__ import annotations
