@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Mapping, Protocol
 
 import trio
 
@@ -31,7 +31,7 @@ from gossip.wire import Envelope
 from routing.forward import ForwardTarget
 from routing.handoff_driver import ClaimGossip, Handoffs, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
-from routing.links import AckGate, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
+from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
 from routing.retained import RetainedIndex
 from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
@@ -350,7 +350,7 @@ class Cluster:
             return
         self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.digest())}, self._on_routes_reply)
 
-    def _on_routes_reply(self, frame: dict[str, Any]) -> None:
+    def _on_routes_reply(self, frame: Frame) -> None:
         for snap_wire in frame.get("snaps", ()):
             try:
                 snap = RouteSnapshot.from_wire(snap_wire)
@@ -366,7 +366,7 @@ class Cluster:
         self._retained_pulled = True
         self._link(peer).request("retained_req", {}, self._on_retained_reply)
 
-    def _on_retained_reply(self, frame: dict[str, Any]) -> None:
+    def _on_retained_reply(self, frame: Frame) -> None:
         now = self.clock.wall()
         for item in frame.get("msgs", ()):
             try:
@@ -387,7 +387,7 @@ class Cluster:
             wanted = [o for o in self.table.wanted if o in alive]
             self._pull_routes(wanted[0] if wanted else self.rng.choice(alive))
 
-    def _answer(self, peer: str, frame: dict[str, Any]) -> Reply | Awaitable[Reply]:
+    def _answer(self, peer: str, frame: Frame) -> Reply | Awaitable[Reply]:
         kind = frame["t"]
         if kind.startswith("ho_"):
             return self.handoffs.answer(peer, frame)
@@ -429,12 +429,12 @@ class Cluster:
             else:
                 self._release([item])
 
-    async def ask(self, peer: str, frame_type: str, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def ask(self, peer: str, frame_type: str, fields: Fields, timeout: float) -> Frame:
         """One request over the link to `peer` and its reply; TooSlowError past `timeout`."""
         replied = trio.Event()
-        reply: dict[str, Any] = {}
+        reply: Frame = {}
 
-        def on_reply(frame: dict[str, Any]) -> None:
+        def on_reply(frame: Frame) -> None:
             reply.update(frame)
             replied.set()
 
@@ -443,7 +443,7 @@ class Cluster:
             await replied.wait()
         return reply
 
-    def tell(self, peer: str, frame_type: str, fields: dict[str, Any]) -> None:
+    def tell(self, peer: str, frame_type: str, fields: Fields) -> None:
         """A request whose reply nobody waits for."""
         self._link(peer).request(frame_type, fields, lambda frame: None)
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Mapping, Protocol
 
 import trio
 
 from clock import Clock
 from clock.hlc import HlcTimestamp
-from routing.links import Reply
+from routing.links import Fields, Frame, Reply
 from session_store.handoff import (
     Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Step, Takeover,
     delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, stored_from_image,
@@ -88,9 +88,9 @@ class MeshRequests(Protocol):
     """What the handoff driver asks of the cluster: requests over the mesh links, route
     snapshots for the fences, and the store's durability."""
 
-    async def ask(self, peer: str, frame_type: str, fields: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+    async def ask(self, peer: str, frame_type: str, fields: Fields, timeout: float) -> Frame: ...
 
-    def tell(self, peer: str, frame_type: str, fields: dict[str, Any]) -> None: ...
+    def tell(self, peer: str, frame_type: str, fields: Fields) -> None: ...
 
     async def drain_link(self, peer: str, timeout: float) -> None: ...
 
@@ -434,7 +434,7 @@ class Handoffs:
 
     # ------------------------------------------------------------ the giver
 
-    def answer(self, peer: str, frame: dict[str, Any]) -> Reply | Awaitable[Reply]:
+    def answer(self, peer: str, frame: Frame) -> Reply | Awaitable[Reply]:
         kind = frame["t"]
         cid = frame.get("c")
         if kind == "ho_fence":
@@ -475,7 +475,7 @@ class Handoffs:
         self.broker.discard_session(cid, now)
         log.info("session %s handed over to %s", cid, taker)
 
-    def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> dict[str, Any]:
+    def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> Fields:
         self.register.merge(claim, self._wall_ms())
         current = self.register.get(cid)
         if current is not None and current.stamp > claim.stamp:
@@ -497,11 +497,11 @@ class Handoffs:
         q, cur, more = queue_chunk(session.queue if session.queued else (), 0)
         return {"ok": True, "img": image_of(session), "q": q, "cur": cur, "more": more}
 
-    async def _answer_flush(self, peer: str) -> tuple[str, dict[str, Any]]:
+    async def _answer_flush(self, peer: str) -> tuple[str, Fields]:
         await self.cluster.drain_link(peer, FENCE_TIMEOUT)
         return "ho_flushed", {"ok": True}
 
-    async def _answer_fence(self, frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def _answer_fence(self, frame: Frame) -> tuple[str, Fields]:
         owner = frame["o"]
         if not isinstance(owner, str):
             raise ValueError("bad fence")
@@ -540,7 +540,7 @@ class Handoffs:
                 q, cursor, more = queue_chunk(queue, cursor)
                 if not first and not q:
                     break  # nothing arrived since the last chunk: the copy is all there
-                fields: dict[str, Any] = {"c": cid, "q": q, "more": more}
+                fields: dict[str, object] = {"c": cid, "q": q, "more": more}
                 if first:
                     fields["img"] = image_of(session)
                     sent += len(session.inflight)
@@ -561,7 +561,7 @@ class Handoffs:
         finally:
             self._pushing.discard(cid)
 
-    async def _answer_push(self, peer: str, cid: str, frame: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def _answer_push(self, peer: str, cid: str, frame: Frame) -> tuple[str, Fields]:
         key = (peer, cid)
         if self.register.owner(cid) != self.node_id:
             self._incoming.pop(key, None)

@@ -18,7 +18,7 @@ import itertools
 import logging
 import math
 from collections import deque
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import trio
 
@@ -46,8 +46,12 @@ BACKOFF_START = 0.1
 BACKOFF_MAX = 5.0
 
 
+# A decoded frame from a peer (a CBOR map): its fields are checked where they are read.
+Frame = dict[str, Any]
+# The fields of a frame this node sends (anything the CBOR encoder takes).
+Fields = Mapping[str, object]
 # A request's answer: (frame type, fields), or None for no answer.
-Reply = tuple[str, dict[str, Any]] | None
+Reply = tuple[str, Fields] | None
 
 
 class AckGate:
@@ -76,7 +80,7 @@ class _Marker:
 
     __slots__ = ("on_reply",)
 
-    def __init__(self, on_reply: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, on_reply: Callable[[Frame], None]) -> None:
         self.on_reply = on_reply
 
 
@@ -89,12 +93,12 @@ class FramedStream:
         self.node_id = node_id
         self._send_lock = trio.Lock()
 
-    async def send(self, msg_type: str, **fields: Any) -> None:
+    async def send(self, msg_type: str, **fields: object) -> None:
         body = wire.encode_frame_body(msg_type, self.node_id, fields)
         async with self._send_lock:
             await self.stream.send_all(self.gossip.seal_frame(body))
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> Frame:
         opened = self.gossip.open_frame(await read_frame(self.stream))
         if opened is None:
             raise wire.WireError("frame failed authentication")
@@ -120,8 +124,8 @@ class OutboundLink:
         self.dropped = 0
         self.sent_batches = 0
         self.connected = False
-        self.requests: deque[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = deque()
-        self._pending_replies: deque[Callable[[dict[str, Any]], None]] = deque()
+        self.requests: deque[tuple[str, Fields, Callable[[Frame], None]]] = deque()
+        self._pending_replies: deque[Callable[[Frame], None]] = deque()
 
     def enqueue(self, item: LinkItem) -> bool:
         if len(self.queue) >= MAX_QUEUED:
@@ -133,7 +137,7 @@ class OutboundLink:
         self._wake.set()
         return True
 
-    def request(self, msg_type: str, fields: dict[str, Any], on_reply: Callable[[dict[str, Any]], None]) -> None:
+    def request(self, msg_type: str, fields: Fields, on_reply: Callable[[Frame], None]) -> None:
         """A request whose single reply frame goes to `on_reply` (route/retained sync)."""
         self.requests.append((msg_type, fields, on_reply))
         self._wake.set()
@@ -236,7 +240,7 @@ class InboundLinks:
     def __init__(self, cluster_name: str, gossip: LinkGossip, node_id: str,
                  handle_batch: Callable[[str, list[object]], None],
                  batch_taken: Callable[[], Awaitable[None]],
-                 handle_request: Callable[[str, dict[str, Any]], Reply | Awaitable[Reply]]) -> None:
+                 handle_request: Callable[[str, Frame], Reply | Awaitable[Reply]]) -> None:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self.node_id = node_id
@@ -248,7 +252,7 @@ class InboundLinks:
         self.taken: dict[tuple[str, str], int] = {}
         self.malformed = 0
 
-    async def serve(self, stream: trio.abc.Stream, hello: dict[str, Any]) -> None:
+    async def serve(self, stream: trio.abc.Stream, hello: Frame) -> None:
         peer = hello["from"]
         if hello.get("c") != self.cluster_name:
             log.warning("refused a mesh link from %s of cluster %r", peer, hello.get("c"))
@@ -293,7 +297,7 @@ class InboundLinks:
                     msg_type, fields = reply
                     await link.send(msg_type, **fields)
 
-    def _take_batch(self, peer: str, frame: dict[str, Any]) -> None:
+    def _take_batch(self, peer: str, frame: Frame) -> None:
         epoch, seq, items = frame["e"], frame["s"], frame["m"]
         if not isinstance(epoch, str) or not isinstance(seq, int) or not isinstance(items, list):
             raise ValueError("bad fwd frame")

@@ -17,14 +17,14 @@ A malformed record raises ValueError (or `records.RecordError`, a ValueError).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from routing.table import Digest, RouteDelta, digest_from_wire, digest_to_wire
 from session_store import records
 from session_store.model import Message
 
 
-def forwarded_to_wire(message: dict[str, Any], plain: bool, groups: Sequence[tuple[str, str]], keep_retained: bool,
+def forwarded_to_wire(message: Mapping[str, object], plain: bool, groups: Sequence[tuple[str, str]], keep_retained: bool,
                       replay: bool = False) -> list[object]:
     """The wire list of a forwarded item whose message is already a map (the cluster
     encodes a message once and sends it to every target)."""

@@ -150,7 +150,7 @@ def message_key(msg: Message) -> tuple[str | None, int]:
 class Ask:
     """Send this request to the owner and feed its reply to `Takeover.on_reply`."""
     frame_type: str
-    fields: dict[str, Any]
+    fields: dict[str, object]
 
 
 @dataclass(slots=True)
