@@ -13,6 +13,9 @@ maps them to and from v3.1.1 at the edge. Errors carry the v5 reason code to ans
 `RemoteProtocolError` when the peer broke the rules (the only thing the decoder raises),
 `LocalProtocolError` when we tried to send something invalid. For fan-out, encode a
 PUBLISH once and give each subscriber `patch_publish(data, packet_id=..., dup=...)`.
+
+`mqtt.server.ServerConnection` is the server side of one connection on top of the
+codec (bytes and `now` in, events out, send methods that return bytes).
 """
 
 from .decoder import Decoder
