@@ -221,19 +221,30 @@ class MemberEntry(NamedTuple):
     changed_us: int  # the sender's trace clock, when it last saw the state change
 
     def to_wire(self) -> list[object]:
-        return [self.node, self.host, self.port, self.state.value, self.incarnation, self.changed_us]
+        return member_entry_wire(*self)
 
     @classmethod
     def from_wire(cls, raw: object) -> MemberEntry:
-        if isinstance(raw, list) and len(raw) == 6:
+        # a push-pull carries one entry per member (a thousand, in a large cluster):
+        # the state goes through a dict, not the (slower) enum constructor
+        if type(raw) is list and len(raw) == 6:
             node, host, port, state, inc, changed_us = raw
             if (type(node) is str and type(host) is str and type(port) is int and type(state) is str
                     and type(inc) is int and type(changed_us) is int):
-                try:
-                    return cls(node, host, port, MemberState(state), inc, changed_us)
-                except ValueError:
-                    pass
+                member_state = _STATE_OF.get(state)
+                if member_state is not None:
+                    return tuple.__new__(cls, (node, host, port, member_state, inc, changed_us))
         raise MalformedMessage(f"push-pull member entry {raw!r:.120}", reason="bad_member_entry")
+
+
+def member_entry_wire(node: str, host: str, port: int, state: MemberState, incarnation: int, changed_us: int) -> list[object]:
+    """``MemberEntry(...).to_wire()`` without building the record first: a push-pull
+    frame holds one entry per member."""
+    return [node, host, port, _WIRE_STATE[state], incarnation, changed_us]
+
+
+_WIRE_STATE: dict[MemberState, str] = {s: s.value for s in MemberState}
+_STATE_OF: dict[str, MemberState] = {s.value: s for s in MemberState}
 
 
 class PushPull(NamedTuple):

@@ -57,6 +57,7 @@ from .messages import (
     User,
     decode_stream,
     encode,
+    member_entry_wire,
 )
 
 log = logging.getLogger("meshd.gossip.swim")
@@ -1047,7 +1048,7 @@ class Swim:
 
     def _push_pull_frame(self, now: float, *, join: bool, reply: bool = False) -> bytes:
         members = [
-            MemberEntry(m.id, m.addr[0], m.addr[1], m.state, m.incarnation, m.state_change_us).to_wire()
+            member_entry_wire(m.id, m.addr[0], m.addr[1], m.state, m.incarnation, m.state_change_us)
             for m in self.members.values()
         ]
         user = {name: get() for name, (get, _merge) in self.push_pull_providers.items()}
@@ -1132,14 +1133,14 @@ class Swim:
         # and about members we also lost still counts
         s = self.members.get(sender)
         trusted = s is not None and s.state in (ALIVE, SUSPECT)
+        decode_entry = MemberEntry.from_wire  # once per member of the cluster: bound once
         for raw in pp.members:
             try:
-                entry = MemberEntry.from_wire(raw)
+                node, host, port, state, inc, changed_us = decode_entry(raw)
             except MalformedMessage as exc:
                 self.count_malformed(exc, None)
                 continue
-            node, state, inc, changed_us = entry.node, entry.state, entry.incarnation, entry.changed_us
-            addr = (entry.host, entry.port)
+            addr = (host, port)
             origin = node if state == ALIVE else sender
             if state == ALIVE:
                 self._alive(node, inc, addr, origin, changed_us, 1, now)
