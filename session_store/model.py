@@ -142,7 +142,6 @@ class Session:
     dropped: int = 0
     stored: bool = False  # has records in the store (so ending it must delete them)
     next_seq: int = 1
-    _next_packet_id: int = 1
 
     @property
     def queue(self) -> deque[Delivery]:
@@ -168,16 +167,6 @@ class Session:
         seq = self.next_seq
         self.next_seq += 1
         return seq
-
-    def allocate_packet_id(self) -> int:
-        """Next packet id in 1..65535 not in use by an inflight message."""
-        if len(self.inflight) >= 65535:
-            raise RuntimeError("no free packet identifier")
-        pid = self._next_packet_id
-        while pid in self.inflight:
-            pid = pid + 1 if pid < 65535 else 1
-        self._next_packet_id = pid + 1 if pid < 65535 else 1
-        return pid
 
     def enqueue(self, delivery: Delivery, limit: int) -> Delivery | None:
         """Queue a delivery under the overflow policy; return the one dropped, if any."""

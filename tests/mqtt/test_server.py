@@ -247,6 +247,17 @@ def test_packet_ids_skip_those_in_use_and_wrap():
     assert conn.inflight_count == 3
 
 
+def test_packet_ids_wrap_after_65535_and_skip_those_still_in_use():
+    conn = play(wire(5, connect())).conn
+    conn.resume_inflight(65535, False)
+    conn.resume_inflight(1, True)
+    ids = [conn.allocate_packet_id() for _ in range(65533)]
+    assert ids == list(range(2, 65535))
+    for pid in ids:
+        conn.release_packet_id(pid)
+    assert conn.allocate_packet_id() == 2  # 65535, then 1, are still taken
+
+
 def test_v311_has_no_way_to_say_packet_id_not_found():
     conn = play(wire(4, connect(4))).conn
     assert conn.pubrel(7) == b""

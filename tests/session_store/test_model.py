@@ -1,21 +1,13 @@
-"""Session bookkeeping: packet ids, the queue overflow policy, expiry."""
+"""Session bookkeeping: the queue overflow policy, expiry. (Packet ids belong to the
+connection: tests/mqtt/test_server.py.)"""
 
 from __future__ import annotations
 
-from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session
+from session_store.model import NEVER_EXPIRES, Delivery, Message, Session
 
 
 def delivery(qos: int, n: int) -> Delivery:
     return Delivery(Message(f"t/{n}", b"", qos, False, None), qos, False, ())
-
-
-def test_packet_ids_skip_inflight_and_wrap():
-    s = Session("c", persistent=True)
-    s._next_packet_id = 65534
-    s.inflight[65535] = InflightEntry(delivery(1, 0))
-    s.inflight[1] = InflightEntry(delivery(1, 0))
-    assert s.allocate_packet_id() == 65534
-    assert s.allocate_packet_id() == 2
 
 
 def test_overflow_drops_qos0_first_then_oldest():
