@@ -170,6 +170,14 @@ class GossipService:
             return []
         return sorted(m.id for m in self.swim.members.values() if m.id != self.node_id and m.state in (ALIVE, SUSPECT))
 
+    def has_peers(self) -> bool:
+        """Whether any other member is alive or suspect (cheaper than `alive_members`:
+        asked on every CONNECT, it stops at the first one, and at once when alone)."""
+        swim = self.swim
+        if swim is None or swim.num_members() <= 1:
+            return False
+        return any(m.id != self.node_id and m.state in (ALIVE, SUSPECT) for m in swim.members.values())
+
     def join(self, addrs: Sequence[tuple[str, int]]) -> None:
         """Join through more addresses (mDNS discoveries, an operator's command)."""
         if self.swim is not None:

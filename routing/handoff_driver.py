@@ -60,6 +60,8 @@ class ClaimGossip(Protocol):
 
     def alive_members(self) -> list[str]: ...
 
+    def has_peers(self) -> bool: ...
+
 
 class SessionHost(Protocol):
     """What the handoff driver reads and changes in this node's broker."""
@@ -186,10 +188,7 @@ class Handoffs:
     # ------------------------------------------------------------ ownership
 
     def _peers(self) -> bool:
-        swim = getattr(self.gossip, "swim", None)
-        if swim is not None and swim.num_members() <= 1:
-            return False  # only this node in the view: skip building the member list
-        return bool(self.gossip.alive_members())
+        return self.gossip.has_peers()
 
     def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool:
         """Whether `prepare_connect` would return 'ok' at once, changing nothing: a

@@ -69,11 +69,15 @@ async def test_five_nodes_converge_detect_crash_rejoin_leave(tmp_path: Path) -> 
             svc.on_member_change(lambda m, s, me=i: changes.append((me, m, s)))
             svc.on_broadcast("cfg", lambda origin, p, me=i: got[me].append((origin, p)))
             svc.register_push_pull("routes", lambda me=i: {"from": me}, merged.append)
+            assert not svc.has_peers()  # not running yet
             nodes[i] = await Node(nursery, svc).start()
+            if i == "s0":
+                assert not svc.has_peers()  # alone in its view
             seed = [("127.0.0.1", nodes["s0"].port)]
 
         # one view everywhere
         await until(lambda: all(view(nodes[i].svc) == {j: "alive" for j in ids} for i in ids))
+        assert all(nodes[i].svc.has_peers() for i in ids)
         m = {x["id"]: x for x in nodes["s1"].svc.members()}["s2"]
         assert m["address"] == f"127.0.0.1:{nodes['s2'].port}" and m["last_change_ts_us"] > 0
 

@@ -42,6 +42,9 @@ class Gossip:
     def alive_members(self) -> list[str]:
         return [m for m, s in self.states.items() if s in ("alive", "suspect")]
 
+    def has_peers(self) -> bool:
+        return any(s in ("alive", "suspect") for m, s in self.states.items())
+
     def set(self, member: str, state: str) -> None:
         self.states[member] = state
         for h in self.member_handlers:

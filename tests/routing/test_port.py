@@ -31,6 +31,9 @@ class Gossip:
     def alive_members(self) -> list[str]:
         return list(self.alive)
 
+    def has_peers(self) -> bool:
+        return bool(self.alive)
+
     def member_state(self, member: str) -> str | None:
         return "alive" if member in self.alive else None
 
