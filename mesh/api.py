@@ -64,40 +64,19 @@ class ApiConfig(Protocol):
     def set(self, key: str, raw: object) -> Register: ...
 
 
-class ApiNode(Protocol):
-    """What the API reads of a node (mesh.node.Node is one)."""
-
-    @property
-    def node_id(self) -> str: ...
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def ports(self) -> Mapping[str, int]: ...
-    @property
-    def security(self) -> ApiSecurity: ...
-    @property
-    def broker(self) -> ApiBroker: ...
-    @property
-    def gossip(self) -> ApiMembers: ...
-    @property
-    def partitions(self) -> ApiPartitions: ...
-    @property
-    def cluster(self) -> ApiRoutes: ...
-    @property
-    def config_sync(self) -> ApiConfig: ...
-    def uptime(self) -> float: ...
-
-
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build_router(node: ApiNode, metrics: Metrics) -> Router:
-    """The API's routes over `node`; `/metrics` renders `metrics`."""
+def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], uptime: Callable[[], float],
+                 security: ApiSecurity, broker: ApiBroker, gossip: ApiMembers, partitions: ApiPartitions,
+                 cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics) -> Router:
+    """The API's routes; `ports` fills in as the node's listeners bind, `/metrics`
+    renders `metrics`."""
     router = Router()
 
     def add(method: str, path: str, handler: Handler) -> None:
         async def guarded(request: Request) -> Response:
-            if not node.security.api_allows(request.method, request.headers.get("authorization")):
+            if not security.api_allows(request.method, request.headers.get("authorization")):
                 response = error_response(401, "missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = 'Bearer realm="meshd"'
                 return response
@@ -106,40 +85,40 @@ def build_router(node: ApiNode, metrics: Metrics) -> Router:
         router.add(method, path, guarded)
 
     async def status(request: Request) -> Response:
-        s = node.settings
+        s = settings
         listeners = {
             name: {"address": f"{getattr(s, name).host}:{port}"}
-            for name, port in node.ports.items()
+            for name, port in ports.items()
         }
         for name in ("ws", "wss"):
             if name in listeners:
                 listeners[name]["path"] = s.ws_path
         return json_response({
-            "node_id": node.node_id,
+            "node_id": node_id,
             "version": __version__,
-            "uptime_s": round(node.uptime(), 3),
-            "connected_clients": node.broker.client_count(),
-            "sessions": len(node.broker.sessions),
-            "subscriptions": node.broker.subscription_count(),
-            "retained_messages": len(node.broker.retained),
+            "uptime_s": round(uptime(), 3),
+            "connected_clients": broker.client_count(),
+            "sessions": len(broker.sessions),
+            "subscriptions": broker.subscription_count(),
+            "retained_messages": len(broker.retained),
             "listeners": listeners,
         })
 
     async def members(request: Request) -> Response:
-        return json_response({"node_id": node.node_id, "members": node.gossip.members()})
+        return json_response({"node_id": node_id, "members": gossip.members()})
 
-    async def cluster(request: Request) -> Response:
-        return json_response(node.partitions.snapshot())
+    async def cluster_state(request: Request) -> Response:
+        return json_response(partitions.snapshot())
 
     async def routes(request: Request) -> Response:
-        return json_response({"node_id": node.node_id, "routes": node.cluster.routes()})
+        return json_response({"node_id": node_id, "routes": cluster.routes()})
 
     async def config_list(request: Request) -> Response:
-        return json_response({"node_id": node.node_id, "config": [r.as_dict() for r in node.config_sync.registers()]})
+        return json_response({"node_id": node_id, "config": [r.as_dict() for r in config_sync.registers()]})
 
     async def config_get(request: Request) -> Response:
         key = request.path_params["key"]
-        register = node.config_sync.get(key)
+        register = config_sync.get(key)
         if register is None:
             return error_response(404, f"{key}: not set cluster-wide")
         return json_response(register.as_dict())
@@ -150,14 +129,14 @@ def build_router(node: ApiNode, metrics: Metrics) -> Router:
         if not isinstance(body, dict) or "value" not in body:
             return error_response(400, 'expected a JSON object {"value": ...}')
         try:
-            register = node.config_sync.set(key, body["value"])
+            register = config_sync.set(key, body["value"])
         except ConfigError as exc:
             return error_response(400, str(exc))
         return json_response(register.as_dict())
 
     async def kick(request: Request) -> Response:
         client_id = request.path_params["client_id"]
-        conn = node.broker.connections.get(client_id)
+        conn = broker.connections.get(client_id)
         if conn is None:
             return error_response(404, f"{client_id}: not connected to this node")
         conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
@@ -168,7 +147,7 @@ def build_router(node: ApiNode, metrics: Metrics) -> Router:
 
     add("GET", "/api/v1/status", status)
     add("GET", "/api/v1/members", members)
-    add("GET", "/api/v1/cluster", cluster)
+    add("GET", "/api/v1/cluster", cluster_state)
     add("GET", "/api/v1/routes", routes)
     add("GET", "/api/v1/config", config_list)
     add("GET", "/api/v1/config/{key}", config_get)

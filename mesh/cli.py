@@ -128,10 +128,10 @@ def _run(argv: list[str]) -> int:
 
     setup_logging(settings.log_level)
     try:
-        from mesh.node import run_node
+        from mesh.run import run_node
     except ModuleNotFoundError as e:
-        if e.name in ("mesh.node",):
-            _err("the node is not available in this build (mesh.node is missing)")
+        if e.name in ("mesh.run",):
+            _err("the node is not available in this build (mesh.run is missing)")
             return 2
         raise
     try:

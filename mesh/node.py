@@ -1,8 +1,9 @@
-"""A meshd node: listeners, HTTP API, timers and `$SYS`, around one Broker.
+"""A meshd node at run time: listeners, HTTP API, timers and `$SYS`, around one Broker.
+Its parts are built by `mesh.compose.build_node`; this module runs them.
 
 Task tree (one nursery per layer, so shutdown can go in order):
 
-    run_node ── signal receiver
+    run_node (mesh.run) ── signal receiver
      └ Node.serve ── connections nursery (client reader and writer tasks; an idle
                   │                     plain-TCP client has none: it waits in the
                   │                     ParkingLot, mesh/parking.py)
@@ -20,44 +21,31 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import os
 import math
-import random
-import signal
+import os
 import socket
-from typing import Any, Callable
+from typing import Awaitable, Callable, Protocol, TypeVar, cast
 
+import outcome
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
-from clock import Clock, TrioClock
-from mesh import __version__
-from mesh.api import build_router
-from mesh.http_api import serve_http
-from mesh.node_metrics import node_metrics
-from mesh.broker import Broker, BrokerLimits
-from mesh.config import ConfigError, HostPort, Settings, resolve_node_id
-from mesh.connection import ClientConnection
-from mesh.parked import ParkedConnection
-from mesh.streams import SocketByteStream
-from mesh.parking import ParkingLot
-from mqtt import ReasonCode
-from mesh.sys_topics import SysPublisher
-from mesh.doorbell import Doorbell
-from mesh.ws import WebSocketByteStream, accept_mqtt
-from gossip.service import GossipService
-from mesh.config_sync import ConfigSync
-from mesh.security import Security
-from mesh.tls import accept_tls, peer_common_name
-from routing.cluster import Cluster
-from routing.port import MeshPort
-from routing.table import RouteTable
+from clock import Clock
 from gossip.trace import NullTraceWriter, TraceWriter
-from netsplit.detector import detector_for
-from netsplit.monitor import PartitionMonitor
-from netsplit.view import PartitionView
-from gossip.config import preset as gossip_preset
-from session_store.rocks import RocksStore, StoreOpenError
+from mesh import __version__
+from mesh.broker import Broker
+from mesh.config import ConfigError, HostPort, Settings
+from mesh.connection import ClientConnection
+from mesh.doorbell import Doorbell
+from mesh.http_api import Router, serve_http
+from mesh.parked import ParkedConnection
+from mesh.parking import ParkingLot
+from mesh.security import Security
+from mesh.streams import ByteStream, SocketByteStream
+from mesh.tls import accept_tls, peer_common_name
+from mesh.ws import WebSocketByteStream, accept_mqtt
+from mqtt import ReasonCode
+from session_store.store import SessionStore
 
 log = logging.getLogger("meshd.node")
 
@@ -87,65 +75,64 @@ def _first_oserror(exc: BaseException) -> OSError | None:
     return None
 
 
+class Runnable(Protocol):
+    """A part with a task of its own (partition monitor, $SYS publisher)."""
+
+    async def run(self) -> None: ...
+
+
+class Startable(Protocol):
+    """A part whose task reports when it is ready (the cluster)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+class NodeGossip(Protocol):
+    async def run(self, *, task_status: trio.TaskStatus[int] = ...) -> None: ...
+    async def leave(self, timeout: float = ...) -> None: ...
+    def has_peers(self) -> bool: ...
+
+
 class Node:
-    def __init__(self, settings: Settings, node_id: str | None = None, *, clock: Clock | None = None) -> None:
+    """The running shell around parts built by `mesh.compose.build_node`: it opens the
+    listeners, runs every part's task in order and shuts them down in order."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        node_id: str,
+        clock: Clock,
+        started_at: float,
+        security: Security,
+        store: SessionStore,
+        store_dirty: Doorbell,
+        trace: TraceWriter | NullTraceWriter,
+        gossip: NodeGossip,
+        partitions: Runnable,
+        broker: Broker,
+        timers_changed: Doorbell,
+        cluster: Startable,
+        sys: Runnable,
+        ports: dict[str, int],
+        api: Router,
+    ) -> None:
         self.settings = settings
-        self.clock: Clock = clock if clock is not None else TrioClock()
-        self.node_id = node_id or resolve_node_id(settings)
-        # netsplits: lost members are retried for reconnect_dead_for; the monitor detects partitions
-        gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
-        partition_view = PartitionView(detector_for(self.node_id, gossip_config), clock=self.clock)
-        self.security = Security(settings, clock=self.clock, in_minority=partition_view.in_minority)
-        store_path = os.path.join(settings.data_dir, "sessions")
-        self._store_dirty = Doorbell()
-        try:
-            self.store = RocksStore(store_path, on_dirty=self._store_dirty.ring)
-        except StoreOpenError as exc:
-            raise ConfigError("data_dir", str(exc)) from None
-        recovered = self.store.load()
-        # Every start is a new route epoch, so peers never mistake fresh route
-        # versions for old news (routing.table).
-        self.route_epoch = int(recovered.meta.get("route_epoch", 0)) + 1
-        self.store.put_meta("route_epoch", self.route_epoch)
-        self.started_at = self.clock.wall()
-        self.trace: TraceWriter | NullTraceWriter = (
-            TraceWriter(os.path.join(settings.data_dir, "traces"), self.node_id) if settings.trace else NullTraceWriter()
-        )
-        self.gossip = GossipService(
-            node_id=self.node_id,
-            bind_host=settings.gossip.host,
-            bind_port=settings.gossip.port,
-            seeds=[(a.host, a.port) for a in settings.seed],
-            cluster_name=settings.cluster_name,
-            cluster_key=settings.cluster_key,
-            mdns=settings.mdns,
-            trace=self.trace,
-            config=gossip_config,
-            advertise_host=settings.gossip_advertise,
-            clock=self.clock,
-            partitions=partition_view,
-        )
-        self.partitions = PartitionMonitor(partition_view, self.gossip, self.trace, clock=self.clock)
-        # The broker and the cluster share the mesh port (route answers, forwards, route
-        # changes): built first, so neither is wired into the other after the fact.
-        self.mesh = MeshPort(RouteTable(self.node_id, self.route_epoch), self.gossip)
-        self._timers_changed = Doorbell()
-        self.broker = Broker(BrokerLimits.from_settings(settings), node_id=self.node_id, store=self.store, clock=self.clock,
-                             mesh=self.mesh, on_timer_change=self._timers_changed.ring)
-        self.broker.restore(recovered, self.started_at)
-        self.cluster = Cluster(
-            node_id=self.node_id, port=self.mesh, broker=self.broker, store=self.store, gossip=self.gossip,
-            trace=self.trace, cluster_name=settings.cluster_name, clock=self.clock, rng=random.Random(),
-            hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
-            held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
-        )
-        self.config_sync = ConfigSync(
-            node_id=self.node_id, clock=self.clock, broker=self.broker, gossip=self.gossip, store=self.store,
-            trace=self.trace, recovered_meta=recovered.meta, security=self.security,
-        )
-        self.sys = SysPublisher(broker=self.broker, clock=self.clock, interval=settings.sys_interval, uptime=self.uptime,
-                                gossip=self.gossip, cluster=self.cluster, partitions=self.partitions)
-        self.ports: dict[str, int] = {}
+        self.node_id = node_id
+        self.clock = clock
+        self.started_at = started_at  # wall time (the API and $SYS count uptime from it)
+        self.security = security
+        self.store = store
+        self._store_dirty = store_dirty  # rung by the store: the committer has work
+        self.trace = trace
+        self.gossip = gossip
+        self.partitions = partitions
+        self.broker = broker
+        self._timers_changed = timers_changed  # rung by the broker: an earlier deadline
+        self.cluster = cluster
+        self.sys = sys
+        self.ports = ports  # filled in as the listeners bind (the API shows them)
+        self.api = api
         self._shutdown = trio.Event()
         self._connections: trio.Nursery | None = None  # set by serve(): every client task runs here
         self._lot: ParkingLot | None = None  # set by serve(): idle plain-TCP clients wait here
@@ -153,8 +140,8 @@ class Node:
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
-    def uptime(self) -> float:
-        return self.clock.wall() - self.started_at
+    async def shutdown_requested(self) -> None:
+        await self._shutdown.wait()
 
     async def serve(self, *, task_status: trio.TaskStatus[dict[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
@@ -196,7 +183,7 @@ class Node:
                 task_status.started(dict(self.ports))
                 await self._shutdown.wait()
                 log.info("shutting down: leaving the cluster, closing listeners")
-                if self._has_peers():
+                if self.gossip.has_peers():
                     with trio.move_on_after(min(2.0, s.shutdown_timeout)):
                         await self.gossip.leave()
                 services.cancel_scope.cancel()
@@ -277,7 +264,8 @@ class Node:
             finally:
                 raw.close()
 
-    async def _serve_tls(self, listeners: list[trio.SocketListener], connections: trio.Nursery, handler: Any) -> None:
+    async def _serve_tls(self, listeners: list[trio.SocketListener], connections: trio.Nursery,
+                         handler: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
         await trio.serve_listeners(handler, listeners, handler_nursery=connections)
 
     async def _handle_mqtts(self, stream: trio.SocketStream) -> None:
@@ -285,7 +273,8 @@ class Node:
         assert self.security.tls_context is not None
         tls = await accept_tls(stream, self.security.tls_context, timeout=self.settings.connect_timeout)
         if tls is not None:
-            await self._run_connection(tls, peer, "mqtts", host, peer_common_name(tls))
+            # SSLStream reads what ssl.SSLObject.read returns: bytes (typed bytes | bytearray).
+            await self._run_connection(cast(ByteStream, tls), peer, "mqtts", host, peer_common_name(tls))
 
     async def _handle_wss(self, stream: trio.SocketStream) -> None:
         host, peer = _peer_of(stream)
@@ -301,7 +290,7 @@ class Node:
                 await self._run_connection(WebSocketByteStream(ws), peer, "wss", host, cn)
             nursery.cancel_scope.cancel()
 
-    async def _run_connection(self, stream: Any, peer: str, transport: str, peer_ip: str = "", cert_cn: str | None = None) -> None:
+    async def _run_connection(self, stream: ByteStream, peer: str, transport: str, peer_ip: str = "", cert_cn: str | None = None) -> None:
         conn = ClientConnection(self.broker, stream, peer, transport, clock=self.clock, connect_timeout=self.settings.connect_timeout,
                                 security=self.security, peer_ip=peer_ip, cert_cn=cert_cn, nursery=self._connections)
         await conn.run()
@@ -336,9 +325,6 @@ class Node:
             raise _bind_error("ws", addr, oserror) from exc
         return server.port
 
-    def _has_peers(self) -> bool:
-        return any(m["id"] != self.node_id and m["state"] in ("alive", "suspect") for m in self.gossip.members())
-
     async def _start_gossip(self, services: trio.Nursery, addr: HostPort) -> int:
         try:
             return await services.start(self.gossip.run)
@@ -349,9 +335,8 @@ class Node:
             raise _bind_error("gossip", addr, oserror) from exc
 
     async def _start_http(self, services: trio.Nursery, addr: HostPort) -> int:
-        router = build_router(self, node_metrics(self))
         try:
-            return await services.start(serve_http, router, addr.host, addr.port)
+            return await services.start(serve_http, self.api, addr.host, addr.port)
         except BaseException as exc:
             oserror = _first_oserror(exc)
             if oserror is None:
@@ -422,57 +407,18 @@ def _peer_of(stream: trio.SocketStream) -> tuple[str, str]:
         return "", "?"
 
 
-async def _run_until_signal(settings: Settings) -> None:
-    node = Node(settings)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(node.serve)
-
-            async def watch_signals() -> None:
-                async for signum in signals:
-                    log.info("received %s", signal.Signals(signum).name)
-                    if signum == signal.SIGHUP:
-                        # Re-read the password file and the ACL; keep running.
-                        await trio.to_thread.run_sync(node.security.reload)
-                        continue
-                    node.request_shutdown()
-                    return
-
-            nursery.start_soon(watch_signals)
-            await node._shutdown.wait()
+T = TypeVar("T")
 
 
-def run_node(settings: Settings) -> int:
-    """Run a node until SIGINT/SIGTERM; 0 on a clean stop. Raises ConfigError for
-    settings that cannot work (e.g. a port in use)."""
-    try:
-        trio.run(_run_until_signal, settings)
-    except BaseExceptionGroup as group:
-        config_errors = [e for e in _flatten(group) if isinstance(e, ConfigError)]
-        if config_errors:
-            raise config_errors[0] from None
-        raise
-    return 0
-
-
-def _flatten(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        out: list[BaseException] = []
-        for inner in exc.exceptions:
-            out.extend(_flatten(inner))
-        return out
-    return [exc]
-
-
-async def _in_worker_thread(fn: Callable[[], Any]) -> Any:
+async def _in_worker_thread(fn: Callable[[], T]) -> T:
     """`trio.to_thread.run_sync` for the committer, at half its cost per call: no
     limiter, no per-call thread renaming (two /proc writes). Callers shield it."""
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
-    result: list[Any] = []
+    result: list[outcome.Outcome[T]] = []
 
-    def deliver(outcome: Any) -> None:
-        result.append(outcome)
+    def deliver(finished: outcome.Outcome[T]) -> None:
+        result.append(finished)
         token.run_sync_soon(done.set)
 
     trio.lowlevel.start_thread_soon(fn, deliver)

@@ -1,12 +1,12 @@
 """The node's Prometheus metrics, read from the broker's plain counters at scrape time
 (the hot path only ever does `int += 1`).
 
-`node_metrics` reads the node through `MetricsNode`: the counters it renders and
-nothing else (mesh.node.Node is one)."""
+`node_metrics` is given each part of the node as a Protocol of the counters it
+renders and nothing else."""
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sized
+from typing import Callable, Mapping, Protocol, Sized
 
 from gossip.swim import MemberInfo
 from mesh.broker import BrokerStats
@@ -144,25 +144,9 @@ class SecurityCounts(Protocol):
     def auth_outcomes(self) -> dict[str, int]: ...
 
 
-class MetricsNode(Protocol):
-    @property
-    def broker(self) -> BrokerCounts: ...
-    @property
-    def store(self) -> StoreCounts: ...
-    @property
-    def gossip(self) -> GossipCounts: ...
-    @property
-    def partitions(self) -> PartitionCounts: ...
-    @property
-    def cluster(self) -> ClusterCounts: ...
-    @property
-    def security(self) -> SecurityCounts: ...
-    def uptime(self) -> float: ...
-
-
-def node_metrics(node: MetricsNode) -> Metrics:
+def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCounts, partitions: PartitionCounts,
+                 cluster: ClusterCounts, security: SecurityCounts, uptime: Callable[[], float]) -> Metrics:
     m = Metrics()
-    broker = node.broker
     stats = broker.stats
     m.gauge_callback("meshd_connections", "clients connected now", lambda: broker.client_count())
     m.counter_callback("meshd_connections_total", "client connections accepted", lambda: stats.connections_total)
@@ -190,22 +174,21 @@ def node_metrics(node: MetricsNode) -> Metrics:
         ("reason",),
     )
     m.counter_callback("meshd_protocol_errors_total", "connections closed for breaking the protocol", lambda: stats.protocol_errors)
-    m.gauge_callback("meshd_uptime_seconds", "seconds since the node started", node.uptime)
-    store = node.store.stats
+    m.gauge_callback("meshd_uptime_seconds", "seconds since the node started", uptime)
+    store_stats = store.stats
     m.counter_callback("meshd_store_commits_total", "session store write batches committed (synced unless durability is off)",
-                       lambda: store.commits)
+                       lambda: store_stats.commits)
     m.counter_callback(
         "meshd_store_records_written_total",
         "session store records written, by kind (delivery_put: a queued or inflight message; a delivery acknowledged before its deadline is never written)",
-        lambda: {"delivery_put": store.delivery_puts, "delivery_delete": store.delivery_deletes, "other": store.other_records},
+        lambda: {"delivery_put": store_stats.delivery_puts, "delivery_delete": store_stats.delivery_deletes,
+                 "other": store_stats.other_records},
         ("kind",),
     )
-    cluster = node.cluster
     m.gauge_callback(
         "meshd_members", "cluster members by state, as this node sees them",
-        lambda: _count_states(node.gossip.members()), ("state",),
+        lambda: _count_states(gossip.members()), ("state",),
     )
-    partitions = node.partitions
     m.gauge_callback("meshd_partitions", "partitions detected and not yet healed", lambda: len(partitions.detector.active))
     m.gauge_callback("meshd_unreachable_members", "members dead in this node's view that did not leave",
                      lambda: len(partitions.unreachable()))
@@ -225,12 +208,12 @@ def node_metrics(node: MetricsNode) -> Metrics:
     m.counter_callback("meshd_mesh_malformed_total", "malformed mesh frames and items dropped",
                        lambda: cluster.malformed_items + cluster.inbound.malformed)
     m.counter_callback("meshd_gossip_malformed_total", "malformed gossip packets dropped",
-                       lambda: node.gossip.stats.get("malformed", 0))
+                       lambda: gossip.stats.get("malformed", 0))
     m.counter_callback("meshd_gossip_sweeps_total", "probe sweeps started (three or more members suspect at once)",
-                       lambda: node.gossip.stats.get("sweeps", 0))
+                       lambda: gossip.stats.get("sweeps", 0))
     m.counter_callback("meshd_gossip_stale_verdicts_total",
                        "dead verdicts made across a split (or by a member not known then), taken as suspicions",
-                       lambda: node.gossip.stats.get("stale_verdicts", 0))
+                       lambda: gossip.stats.get("stale_verdicts", 0))
     handoffs = cluster.handoffs
     ho = handoffs.stats
     m.counter_callback(
@@ -253,8 +236,7 @@ def node_metrics(node: MetricsNode) -> Metrics:
     m.counter_callback("meshd_replay_duplicates_total", "replayed messages dropped as already taken",
                        lambda: cluster.replay_duplicates)
     m.counter_callback("meshd_refused_during_netsplit_total", "operations refused while partitioned (allow_*_during_netsplit off)",
-                       lambda: dict(node.security.refused_during_netsplit), ("operation",))
-    security = node.security
+                       lambda: dict(security.refused_during_netsplit), ("operation",))
     m.counter_callback(
         "meshd_auth_total", "CONNECT authentication decisions, by outcome",
         security.auth_outcomes, ("outcome",),

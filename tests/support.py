@@ -24,6 +24,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from mesh.config import load_settings
+from mesh.compose import build_node
 from mesh.node import Node
 
 TIMEOUT = 10.0
@@ -66,7 +67,7 @@ class RunningNode:
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self.node = Node(self.settings)
+        self.node = build_node(self.settings)
         async with trio.open_nursery() as nursery:
             self.ports = await nursery.start(self.node.serve)
             self._ready.set()

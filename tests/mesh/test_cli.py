@@ -28,10 +28,10 @@ def restore_logging():
 
 
 class FakeNodeModule(types.ModuleType):
-    """mesh.node with a run_node that records its settings and returns `rc`."""
+    """mesh.run with a run_node that records its settings and returns `rc`."""
 
     def __init__(self) -> None:
-        super().__init__("mesh.node")
+        super().__init__("mesh.run")
         self.calls: list[Settings] = []
         self.rc = 0
 
@@ -42,9 +42,9 @@ class FakeNodeModule(types.ModuleType):
 
 @pytest.fixture
 def fake_node(monkeypatch):
-    """Stands in for mesh.node (the lead's module) and records the settings."""
+    """Stands in for mesh.run (which starts a real node) and records the settings."""
     module = FakeNodeModule()
-    monkeypatch.setitem(sys.modules, "mesh.node", module)
+    monkeypatch.setitem(sys.modules, "mesh.run", module)
     # Keep the test's environment from leaking in.
     for var in [v for v in __import__("os").environ if v.startswith("MESHD_")]:
         monkeypatch.delenv(var)

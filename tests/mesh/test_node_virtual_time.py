@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from clock import TrioClock
+from mesh.compose import build_node
 from mesh.node import Node
 from session_store.store import StoredSession
 from tests.support import node_settings
@@ -24,7 +25,7 @@ def retained_text(node: Node, topic: str) -> str | None:
 
 def run_on_mock_clock(tmp_path: Path, test: Callable[[Node], Awaitable[None]], **overrides: object) -> None:
     async def main() -> None:
-        node = Node(node_settings(str(tmp_path / "node"), **overrides), clock=TrioClock(wall_epoch=EPOCH))
+        node = build_node(node_settings(str(tmp_path / "node"), **overrides), clock=TrioClock(wall_epoch=EPOCH))
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
             await test(node)

@@ -1,0 +1,140 @@
+"""The composition root: one function that builds a whole node, part by part, in
+dependency order. Read top to bottom, it is the node: every part gets its
+collaborators here, at construction, and nothing is wired in afterwards.
+
+    clock, rng             time and randomness, injected into everything below
+    node id, security      who we are; who may connect and do what
+    store                  sessions on disk, recovered; this start's route epoch
+    trace                  the event trace (`meshd report`), when enabled
+    partition view         netsplit verdicts: read by security, gossip and the monitor
+    gossip                 SWIM membership, broadcasts and push-pull
+    partition monitor      turns membership changes into partition events
+    mesh port              the route table and links, shared by broker and cluster
+    broker                 sessions, subscriptions, retained messages, wills
+    cluster                routes and forwards between nodes, handoffs, held traffic
+    config sync            cluster-wide settings over gossip
+    $SYS publisher         the broker's numbers as retained topics
+    API                    HTTP JSON API and /metrics
+    Node                   the listeners and the tasks that run all of the above
+
+The drivers' wake-ups go the same way: a `Doorbell` is made before the core that
+rings it (the store's commits, the broker's timers) and handed to the Node that waits.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from clock import Clock, TrioClock
+from gossip.config import preset as gossip_preset
+from gossip.service import GossipService
+from gossip.trace import NullTraceWriter, TraceWriter
+from mesh.api import build_router
+from mesh.broker import Broker, BrokerLimits
+from mesh.config import ConfigError, Settings, resolve_node_id
+from mesh.config_sync import ConfigSync
+from mesh.doorbell import Doorbell
+from mesh.node import Node
+from mesh.node_metrics import node_metrics
+from mesh.security import Security
+from mesh.sys_topics import SysPublisher
+from netsplit.detector import detector_for
+from netsplit.monitor import PartitionMonitor
+from netsplit.view import PartitionView
+from routing.cluster import Cluster
+from routing.port import MeshPort
+from routing.table import RouteTable
+from session_store.rocks import RocksStore, StoreOpenError
+
+
+def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Random | None = None,
+               node_id: str | None = None) -> Node:
+    """A node for `settings`, ready to `serve()`. `clock` defaults to Trio's (pass a
+    `TrioClock(wall_epoch=...)` under a MockClock to drive the whole node in virtual
+    time); `rng` to an unseeded `random.Random` (seed it to replay random choices).
+    Raises ConfigError for settings that cannot work (an unreadable file, a locked
+    data directory)."""
+    clock = clock if clock is not None else TrioClock()
+    rng = rng if rng is not None else random.Random()
+    node_id = node_id or resolve_node_id(settings)
+
+    # Lost members are retried for reconnect_dead_for; partitions are judged from the
+    # same gossip settings.
+    gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
+    partition_view = PartitionView(detector_for(node_id, gossip_config), clock=clock)
+    security = Security(settings, clock=clock, in_minority=partition_view.in_minority)
+
+    store_dirty = Doorbell()
+    try:
+        store = RocksStore(os.path.join(settings.data_dir, "sessions"), on_dirty=store_dirty.ring)
+    except StoreOpenError as exc:
+        raise ConfigError("data_dir", str(exc)) from None
+    recovered = store.load()
+    # Every start is a new route epoch, so peers never mistake fresh route versions
+    # for old news (routing.table).
+    route_epoch = int(recovered.meta.get("route_epoch", 0)) + 1
+    store.put_meta("route_epoch", route_epoch)
+    started_at = clock.wall()
+
+    trace: TraceWriter | NullTraceWriter = (
+        TraceWriter(os.path.join(settings.data_dir, "traces"), node_id) if settings.trace else NullTraceWriter()
+    )
+    gossip = GossipService(
+        node_id=node_id,
+        bind_host=settings.gossip.host,
+        bind_port=settings.gossip.port,
+        seeds=[(a.host, a.port) for a in settings.seed],
+        cluster_name=settings.cluster_name,
+        cluster_key=settings.cluster_key,
+        mdns=settings.mdns,
+        trace=trace,
+        config=gossip_config,
+        advertise_host=settings.gossip_advertise,
+        clock=clock,
+        rng=_child(rng),
+        partitions=partition_view,
+    )
+    partitions = PartitionMonitor(partition_view, gossip, trace, clock=clock)
+
+    # The broker and the cluster share the mesh port (route answers, forwards, route
+    # changes), so neither is wired into the other.
+    mesh = MeshPort(RouteTable(node_id, route_epoch), gossip)
+    timers_changed = Doorbell()
+    broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
+                    on_timer_change=timers_changed.ring)
+    broker.restore(recovered, started_at)
+    cluster = Cluster(
+        node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,
+        cluster_name=settings.cluster_name, clock=clock, rng=_child(rng),
+        hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
+        held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
+    )
+    # Config sync lives through its gossip handlers; the API reads and changes it.
+    config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,
+                             recovered_meta=recovered.meta, security=security)
+
+    def uptime() -> float:
+        return clock.wall() - started_at
+
+    sys = SysPublisher(broker=broker, clock=clock, interval=settings.sys_interval, uptime=uptime,
+                       gossip=gossip, cluster=cluster, partitions=partitions)
+    ports: dict[str, int] = {}  # filled in by Node.serve as each listener binds
+    metrics = node_metrics(broker=broker, store=store, gossip=gossip, partitions=partitions, cluster=cluster,
+                           security=security, uptime=uptime)
+    api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
+                       broker=broker, gossip=gossip, partitions=partitions, cluster=cluster,
+                       config_sync=config_sync, metrics=metrics)
+
+    return Node(
+        settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
+        store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
+        broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
+        ports=ports, api=api,
+    )
+
+
+def _child(rng: random.Random) -> random.Random:
+    """An independent stream for one part: adding a part, or a draw in one, does not
+    shift the choices of the others."""
+    return random.Random(rng.getrandbits(64))
