@@ -22,7 +22,7 @@ import secrets
 import socket
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
 
 __all__ = [
     "ConfigError",
@@ -130,7 +130,7 @@ class Kind:
         """What a valid raw value looks like, for error messages and --help."""
         return "a value"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         raise NotImplementedError
 
     def render(self, value: object) -> str:
@@ -151,7 +151,7 @@ class Str(Kind):
             return "one of " + ", ".join(self.choices)
         return self.pattern_help or "text"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         if self.optional and (raw is None or raw == ""):
             return None
         if not isinstance(raw, str):
@@ -175,7 +175,7 @@ class Bool(Kind):
     metavar: str = "BOOL"
     expected: str = "true/false, 1/0, yes/no or on/off"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         if isinstance(raw, bool):
             return raw
         if isinstance(raw, str):
@@ -206,7 +206,7 @@ class Int(Kind):
             return f"an integer >= {self.lo}{unit}"
         return f"an integer{unit}"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         value: int
         if isinstance(raw, bool):
             raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
@@ -236,7 +236,7 @@ class Float(Kind):
         op = ">=" if self.lo_inclusive else ">"
         return f"a number {op} {self.lo:g} ({self.unit})"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         if isinstance(raw, bool):
             raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
         if isinstance(raw, (int, float)):
@@ -266,7 +266,7 @@ class Addr(Kind):
     def expected(self) -> str:
         return "HOST:PORT or off" if self.can_disable else "HOST:PORT"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         if self.can_disable:
             if raw is None or raw is False:
                 return None
@@ -289,7 +289,7 @@ class AddrList(Kind):
     metavar: str = "HOST:PORT"
     expected: str = "HOST:PORT[,HOST:PORT...]"
 
-    def parse(self, key: str, raw: object) -> Any:
+    def parse(self, key: str, raw: object) -> object:
         items: list[object]
         if isinstance(raw, str):
             items = [raw]
@@ -317,10 +317,13 @@ class AddrList(Kind):
         return ",".join(str(v) for v in value) if value else "none"
 
 
+T = TypeVar("T")
+
+
 # -- the table ---------------------------------------------------------------
 
 
-def _setting(default: Any, kind: Kind, help: str, *, secret: bool = False) -> Any:
+def _setting(default: T, kind: Kind, help: str, *, secret: bool = False) -> T:
     # repr=False on secrets keeps them out of every log line that prints Settings.
     return field(
         default=default,
@@ -396,9 +399,9 @@ class Settings:
     connection_rate: float = _setting(0.0, Float(0.0), "new connections per second per IP address, 0 = unlimited; more get CONNACK 0x9F")
     memory_limit: int = _setting(0, Int(0, None, "bytes"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
 
-    def as_dict(self, *, redact: bool = True) -> dict[str, Any]:
+    def as_dict(self, *, redact: bool = True) -> dict[str, object]:
         """Plain JSON-able values (addresses as text); secrets masked unless redact=False."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for s in SETTINGS:
             value = getattr(self, s.name)
             if s.secret and redact:
@@ -418,7 +421,7 @@ class Setting:
 
     name: str
     kind: Kind
-    default: Any
+    default: object
     help: str
     secret: bool = False
 
@@ -445,7 +448,7 @@ SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # -- loading -----------------------------------------------------------------
 
 
-def _read_toml(path: str) -> dict[str, Any]:
+def _read_toml(path: str) -> dict[str, object]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -458,8 +461,8 @@ def _read_toml(path: str) -> dict[str, Any]:
     return data
 
 
-def _toml_values(path: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _toml_values(path: str) -> dict[str, object]:
+    out: dict[str, object] = {}
     for raw_key, value in _read_toml(path).items():
         name = raw_key.replace("-", "_")
         if name not in SETTINGS_BY_NAME:
@@ -500,7 +503,7 @@ def load_settings(flags: Mapping[str, object], env: Mapping[str, str] | None = N
         config_path = env.get(CONFIG_ENV) or None
     toml_values = _toml_values(str(config_path)) if config_path is not None else {}
 
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # each parsed by its field's Kind, so of that field's type
     for s in SETTINGS:
         if s.name in flags:
             values[s.name] = s.kind.parse(s.name, flags[s.name])
@@ -511,7 +514,7 @@ def load_settings(flags: Mapping[str, object], env: Mapping[str, str] | None = N
     return Settings(**values)
 
 
-def _parse_from(s: Setting, raw: object, source: str) -> Any:
+def _parse_from(s: Setting, raw: object, source: str) -> object:
     try:
         return s.kind.parse(s.name, raw)
     except ConfigError as e:
@@ -571,7 +574,7 @@ def _help_text(s: Setting) -> str:
     return f"{s.help} [env {s.env}; default {default}]".replace("%", "%%")
 
 
-def add_setting_arguments(parser: argparse.ArgumentParser | Any) -> None:
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `--config` and one flag per setting; absent flags stay absent (precedence)."""
     group = parser.add_argument_group(
         "settings",
