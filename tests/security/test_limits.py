@@ -6,7 +6,7 @@ import math
 import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mesh.limits import MemoryGuard, PerKeyRateLimiter, TokenBucket, rate_limit_key_for_ip
@@ -117,6 +117,7 @@ def test_bucket_never_exceeds_rate_times_window_plus_burst(rate: float, burst: f
     burst=st.floats(min_value=1, max_value=20),
     steps=ops,
 )
+@example(rate=1.0, burst=1.0, steps=[(0.0, 2.220446049250313e-16), (0.0, 1.0)])  # one ulp short of the burst
 def test_waiting_the_advertised_delay_is_enough(rate: float, burst: float, steps: list[tuple[float, float]]) -> None:
     bucket = TokenBucket(rate, burst)
     now = 0.0
@@ -129,8 +130,11 @@ def test_waiting_the_advertised_delay_is_enough(rate: float, burst: float, steps
         if delay == 0:
             assert bucket.tokens(now) >= n
         else:
-            # A little earlier is too early; at the delay (plus rounding) it succeeds.
-            assert bucket.tokens(now + delay * 0.99) < n
+            # A little earlier is too early, where floats can tell (at 99 % of the delay
+            # 1 % of the missing tokens are still missing: below rounding, refilling to
+            # the burst can round up to it); at the delay (plus rounding) it succeeds.
+            if delay * 0.01 * bucket.rate > 1e-12 * burst:
+                assert bucket.tokens(now + delay * 0.99) < n
             later = now + delay * (1 + 1e-9) + 1e-9
             assert bucket.delay_until_available(later, n) == 0
             now = later
