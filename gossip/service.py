@@ -13,7 +13,7 @@ import logging
 import math
 import random
 import socket
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import trio
 
@@ -42,17 +42,6 @@ LAG_SAMPLE = 0.1
 StreamOwner = Callable[[trio.abc.Stream, wire.Envelope], Awaitable[None]]
 
 
-class Partitions(Protocol):
-    """What holders of the gossip service ask about netsplits (the node passes
-    ``netsplit.view.PartitionView``; gossip itself never decides on partitions)."""
-
-    def in_minority(self) -> bool: ...
-
-    def across_partition(self, member: str) -> bool: ...
-
-    def snapshot(self) -> dict[str, object]: ...
-
-
 class GossipService:
     def __init__(
         self,
@@ -72,7 +61,6 @@ class GossipService:
         rng: random.Random | None = None,
         transport: Transport | None = None,
         clock: Clock | None = None,
-        partitions: Partitions | None = None,
     ) -> None:
         """``cluster_key``: the shared secret (None: no encryption); the caller resolves
         it (``mesh.config`` reads ``MESHD_CLUSTER_KEY``), this class reads no environment.
@@ -90,8 +78,6 @@ class GossipService:
         self.keyring: Keyring | None = Keyring([parse_key(cluster_key)]) if cluster_key else None
         self.rng = rng if rng is not None else random.Random(seed)
         self.clock: Clock = clock if clock is not None else TrioClock()
-        # the node's partition view, for whoever holds the gossip service (e.g. $SYS)
-        self.partitions = partitions
         self.swim: Swim | None = None
         self.port: int | None = None
         self.address: Addr | None = None

@@ -6,7 +6,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     node id, security      who we are; who may connect and do what
     store                  sessions on disk, recovered; this start's route epoch
     trace                  the event trace (`meshd report`), when enabled
-    partition view         netsplit verdicts: read by security, gossip and the monitor
+    partition view         netsplit verdicts: read by security and fed by the monitor
     gossip                 SWIM membership, broadcasts and push-pull
     partition monitor      turns membership changes into partition events
     mesh port              the route table and links, shared by broker and cluster
@@ -93,7 +93,6 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         advertise_host=settings.gossip_advertise,
         clock=clock,
         rng=_child(rng),
-        partitions=partition_view,
     )
     partitions = PartitionMonitor(partition_view, gossip, trace, clock=clock)
 

@@ -1,9 +1,8 @@
 """The node's view of partitions: the detector's state plus a short history, asked
-by the API, ``$SYS``, metrics and security (through the gossip service's
-``Partitions`` protocol, among others).
+by the API, ``$SYS``, metrics and security.
 
-No Trio: it is built before the gossip service (which hands it to whoever holds
-gossip) and before the ``PartitionMonitor`` that feeds it.  Times in the history
+No Trio: the composition (``mesh.compose``) builds it first and gives it to security
+(its ``in_minority``) and to the ``PartitionMonitor`` that feeds it.  Times in the history
 are on the trace clock: the detector's monotonic seconds plus the clock's offset
 from wall time, taken once, so that entries stay comparable however long we run.
 """
