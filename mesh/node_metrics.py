@@ -34,6 +34,8 @@ class GossipCounts(Protocol):
     def members(self) -> list[MemberInfo]: ...
     @property
     def stats(self) -> Mapping[str, float]: ...
+    @property
+    def malformed_by_reason(self) -> Mapping[str, int]: ...
 
 
 class DetectorCounts(Protocol):
@@ -209,6 +211,9 @@ def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCoun
                        lambda: cluster.malformed_items + cluster.inbound.malformed)
     m.counter_callback("meshd_gossip_malformed_total", "malformed gossip packets dropped",
                        lambda: gossip.stats.get("malformed", 0))
+    m.counter_callback("meshd_gossip_malformed_by_reason_total",
+                       "malformed gossip input dropped, by reason (not CBOR, bad envelope, wrong shape, ...)",
+                       lambda: dict(gossip.malformed_by_reason), ("reason",))
     m.counter_callback("meshd_gossip_sweeps_total", "probe sweeps started (three or more members suspect at once)",
                        lambda: gossip.stats.get("sweeps", 0))
     m.counter_callback("meshd_gossip_stale_verdicts_total",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import socket
+import time
 import urllib.request
 
 from mesh.http_client import request_json
@@ -47,6 +49,20 @@ def test_metrics_count_traffic(node):
     assert samples["meshd_connections"] == "2"
     assert float(samples["meshd_bytes_received_total"]) > 0
     assert "# TYPE meshd_messages_dropped_total counter" in text
+
+
+
+def test_metrics_count_malformed_gossip_by_reason(node):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"\xff" * 10, ("127.0.0.1", node.ports["gossip"]))  # not CBOR
+    deadline = time.monotonic() + 10
+    while True:
+        samples = samples_of(metrics_text(node))
+        if samples.get('meshd_gossip_malformed_by_reason_total{reason="not_cbor"}') == "1":
+            break
+        assert time.monotonic() < deadline, {k: v for k, v in samples.items() if "malformed" in k}
+        time.sleep(0.05)
+    assert samples["meshd_gossip_malformed_total"] == "1"
 
 
 def test_metrics_count_store_writes(node):
