@@ -101,7 +101,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     mesh = MeshPort(RouteTable(node_id, route_epoch), gossip)
     timers_changed = Doorbell()
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
-                    on_timer_change=timers_changed.ring)
+                    on_timer_change=timers_changed.ring, rng=_child(rng))
     broker.restore(recovered, started_at)
     cluster = Cluster(
         node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,
