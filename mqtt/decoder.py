@@ -196,18 +196,24 @@ class Decoder:
                             raise MalformedPacket("remaining length is not minimally encoded")
                         break
                     shift += 7
-            header = (buf[pos], remaining, i - pos)
-            self._check_fixed_header(*header)
-            self._header = header
-        first, remaining, header_len = header
-        start = pos + header_len
-        end = start + remaining
-        if len(buf) < end:
-            return None
+            first = buf[pos]
+            self._check_fixed_header(first, remaining, i - pos)
+            start = i
+            end = i + remaining
+            if n < end:
+                # Incomplete: keep the checked header so the next feed does not redo it.
+                self._header = (first, remaining, i - pos)
+                return None
+        else:
+            first, remaining, header_len = header
+            start = pos + header_len
+            end = start + remaining
+            if len(buf) < end:
+                return None
+            self._header = None
         with memoryview(buf) as view:
             body = view[start:end].tobytes()
         self._pos = end
-        self._header = None
         return _DECODERS[first >> 4](self, first, body)
 
     def _check_fixed_header(self, first: int, remaining: int, header_len: int) -> None:
