@@ -263,7 +263,8 @@ class PartitionDetector:
         A crashed member is a partition of one whose survivors hold the majority, so
         a crash alone never puts anyone here; an isolated node is here once it has
         detected that it is alone."""
-        return any(not p.majority for p in self.active.values())
+        active = self.active
+        return bool(active) and any(not p.majority for p in active.values())
 
     def across_partition(self, member: str) -> bool:
         """Is ``member`` on the other side of a partition that has not healed yet?"""
