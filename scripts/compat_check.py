@@ -27,7 +27,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mesh.http_client import HttpClientError, request_json  # noqa: E402
+from mesh.http_client import request_json  # noqa: E402
+from tests.cluster.test_membership_processes import wait_for  # noqa: E402
 from tests.support import Client, free_port  # noqa: E402
 
 # The last commit before the house (issue 19) changed the shape of every package.
@@ -71,18 +72,6 @@ class Node:
         self.log.close()
 
 
-def wait_for(what: str, predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except (OSError, HttpClientError):
-            pass  # the node is still starting
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def export(rev: str, into: Path) -> str:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True)
     if commit.returncode != 0:
@@ -99,8 +88,7 @@ def forward(pub_node: Node, sub_node: Node, nodes: list[Node], tag: str) -> None
     sub.connect(sub_node.mqtt)
     sub.subscribe(f"compat/{tag}/#", 1)
     for n in nodes:
-        wait_for(f"{n.name} routes compat/{tag}/# to {sub_node.name}",
-                 lambda n=n: n.routes().get(f"compat/{tag}/#") == {sub_node.name})
+        wait_for(lambda n=n: n.routes().get(f"compat/{tag}/#") == {sub_node.name}, TIMEOUT, f"{n.name} routes compat/{tag}/# to {sub_node.name}")
     pub = Client(f"pub-{tag}", version=4)
     pub.connect(pub_node.mqtt)
     for i in range(50):
@@ -118,8 +106,7 @@ def handoff(first: Node, second: Node, nodes: list[Node], tag: str) -> None:
     sub.connect(first.mqtt, expiry=3600)
     sub.subscribe(f"move/{tag}/#", 1)
     for n in nodes:
-        wait_for(f"{n.name} routes move/{tag}/# to {first.name}",
-                 lambda n=n: n.routes().get(f"move/{tag}/#") == {first.name})
+        wait_for(lambda n=n: n.routes().get(f"move/{tag}/#") == {first.name}, TIMEOUT, f"{n.name} routes move/{tag}/# to {first.name}")
     sub.disconnect()
     pub = Client(f"pub-move-{tag}", version=5)
     pub.connect(first.mqtt)
@@ -154,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             nodes.append(c)
             checks: list[tuple[str, Callable[[], None]]] = [
                 ("membership: every node sees 3 alive", lambda: [
-                    wait_for(f"{n.name} sees 3 alive", lambda n=n: sum(s == "alive" for s in n.members().values()) == 3)
+                    wait_for(lambda n=n: sum(s == "alive" for s in n.members().values()) == 3, TIMEOUT, f"{n.name} sees 3 alive")
                     for n in nodes]),
                 ("forward QoS 1: new -> old", lambda: forward(b, a, nodes, "n2o")),
                 ("forward QoS 1: old -> new", lambda: forward(c, b, nodes, "o2n")),

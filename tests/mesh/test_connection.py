@@ -52,7 +52,7 @@ async def test_keep_alive_runs_out_one_and_a_half_keep_alives_after_the_last_pac
         await peer.send(Connect(client_id="ka", keep_alive=10, protocol_level=5))
         assert isinstance(await peer.recv(), Connack)
         t0 = trio.current_time()
-        await trio.sleep(14)
+        await trio.sleep_until(t0 + 14)
         await peer.send(Pingreq())  # pushes the deadline to t0 + 14 + 15
         assert isinstance(await peer.recv(), Pingresp)
         assert await peer.recv() == Disconnect(reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT)

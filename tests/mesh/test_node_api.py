@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 import urllib.request
 
 from mesh.http_client import request_json
+from tests.cluster.test_membership_processes import wait_for
 from tests.support import Client
 
 
@@ -55,14 +55,9 @@ def test_metrics_count_traffic(node):
 def test_metrics_count_malformed_gossip_by_reason(node):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.sendto(b"\xff" * 10, ("127.0.0.1", node.ports["gossip"]))  # not CBOR
-    deadline = time.monotonic() + 10
-    while True:
-        samples = samples_of(metrics_text(node))
-        if samples.get('meshd_gossip_malformed_by_reason_total{reason="not_cbor"}') == "1":
-            break
-        assert time.monotonic() < deadline, {k: v for k, v in samples.items() if "malformed" in k}
-        time.sleep(0.05)
-    assert samples["meshd_gossip_malformed_total"] == "1"
+    by_reason = 'meshd_gossip_malformed_by_reason_total{reason="not_cbor"}'
+    wait_for(lambda: samples_of(metrics_text(node)).get(by_reason) == "1", 10, by_reason)
+    assert samples_of(metrics_text(node))["meshd_gossip_malformed_total"] == "1"
 
 
 def test_metrics_count_store_writes(node):
