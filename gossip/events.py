@@ -21,7 +21,6 @@ ALIVE = MemberState.ALIVE
 SUSPECT = MemberState.SUSPECT
 DEAD = MemberState.DEAD
 LEFT = MemberState.LEFT
-STATES = tuple(MemberState)
 
 
 @dataclass(frozen=True, slots=True)

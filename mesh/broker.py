@@ -21,7 +21,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Protocol
 
 from clock import Clock, SystemClock
 from mesh.client_port import ClientPort, PublishCache
@@ -106,7 +106,7 @@ class BrokerStats:
 
 
 def _nothing() -> None:
-    pass
+    """The default `on_timer_change`: no driver to wake (a broker built alone, in tests)."""
 
 
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
@@ -386,12 +386,6 @@ class Broker:
     def _route_changed(self, route_filter: str, present: bool) -> None:
         if self.mesh is not None:
             self.mesh.route_changed(route_filter, present)
-
-    def local_route_filters(self) -> list[str]:
-        """Every filter this node has local subscribers for (its own route entries)."""
-        out = list(self.subscriptions.filters())
-        out.extend(f"$share/{g}/{f}" for g, f in self.shared_members)
-        return out
 
     # ------------------------------------------------------------------ publish
 
@@ -876,6 +870,3 @@ class Broker:
 
     def subscription_count(self) -> int:
         return sum(len(s.subscriptions) for s in self.sessions.values())
-
-    def iter_sessions(self) -> Iterable[Session]:
-        return self.sessions.values()

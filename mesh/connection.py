@@ -122,7 +122,7 @@ class ClientConnection(Client):
                     await self.stream.send_all(data)
                     self.broker.stats.bytes_out += len(data)
                 except LOST:
-                    pass
+                    pass  # the peer is gone: what was left has no one to reach
 
     def _start(self) -> None:
         assert self._nursery is not None

@@ -5,31 +5,23 @@ cluster as this node sees it."""
 from __future__ import annotations
 
 import json
-from typing import Callable, Mapping, Protocol, Sized
+from typing import Callable, Mapping, Protocol
 
 import trio
 
 from clock import Clock
 from gossip.swim import MemberInfo
 from mesh import __version__
-from mesh.broker import BrokerStats
+from mesh.node_metrics import BrokerCounts
 from mqtt import EMPTY_PROPERTIES, Properties
 from session_store.model import Message
 
 
-class SysBroker(Protocol):
-    """The broker, as `$SYS` reads it and publishes through it."""
+class SysBroker(BrokerCounts, Protocol):
+    """The broker, as `$SYS` reads it (the counts `/metrics` reads too) and publishes through it."""
 
     @property
     def node_id(self) -> str: ...
-    @property
-    def stats(self) -> BrokerStats: ...
-    @property
-    def sessions(self) -> Sized: ...
-    @property
-    def retained(self) -> Sized: ...
-    def client_count(self) -> int: ...
-    def subscription_count(self) -> int: ...
     def make_message(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
                      publisher: str | None, now: float) -> Message: ...
     def publish(self, msg: Message, now: float, *, internal: bool = False) -> int: ...

@@ -233,53 +233,46 @@ class ServerConnection:
 
     def next_event(self) -> Event | None:
         """The next event, or None when more bytes are needed (or nothing may follow)."""
-        if self._failed:
-            return None
         state = self._state
-        if state is ServerState.CONNECTED:
-            try:
-                packet = self._decoder.next_packet()
-            except MQTTError as exc:
-                return self._violation(exc.reason_code, exc.message)
-            if packet is None:
-                return None
-            if type(packet) is Publish:
-                if packet.properties is EMPTY_PROPERTIES and not packet.retain and packet.qos != 2:
-                    return packet  # the hot path: nothing to check, nothing to copy
-                return self._on_publish(packet)
-            if type(packet) is Puback or type(packet) is Pubcomp:
-                if self._inflight is not None:
-                    self._inflight.pop(packet.packet_id, None)
-                return packet
-            if type(packet) is Pubrec:
-                return self._on_pubrec(packet)
-            if type(packet) is Pubrel:
-                pid = packet.packet_id
-                qos2_in = self._qos2_in
-                known = qos2_in is not None and pid in qos2_in
-                if qos2_in is not None and known:
-                    qos2_in.discard(pid)
-                return PublishReleased(pid, known)
-            if type(packet) is Subscribe or type(packet) is Unsubscribe or type(packet) is Pingreq:
-                return packet
-            if type(packet) is Disconnect:
-                return self._on_disconnect(packet)
-            if type(packet) is Connect:
-                return self._violation(ReasonCode.PROTOCOL_ERROR, "second CONNECT on one connection [MQTT-3.1.0-2]")
-            if type(packet) is Auth:
-                return self._violation(ReasonCode.PROTOCOL_ERROR, "AUTH without enhanced authentication")
-            return self._violation(ReasonCode.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+        if self._failed or not (state is ServerState.CONNECTED or state is ServerState.AWAITING_CONNECT):
+            return None  # CONNECTING: what came behind the CONNECT waits for `accept`
+        try:
+            packet = self._decoder.next_packet()
+        except MQTTError as exc:
+            return self._violation(exc.reason_code, exc.message)
+        if packet is None:
+            return None
         if state is ServerState.AWAITING_CONNECT:
-            try:
-                packet = self._decoder.next_packet()
-            except MQTTError as exc:
-                return self._violation(exc.reason_code, exc.message)
-            if packet is None:
-                return None
             if type(packet) is not Connect:  # the decoder lets only a CONNECT through first
                 return self._violation(ReasonCode.PROTOCOL_ERROR, "first packet must be CONNECT [MQTT-3.1.0-1]")
             return self._on_connect(packet)
-        return None  # CONNECTING: what came behind the CONNECT waits for `accept`
+        if type(packet) is Publish:
+            if packet.properties is EMPTY_PROPERTIES and not packet.retain and packet.qos != 2:
+                return packet  # the hot path: nothing to check, nothing to copy
+            return self._on_publish(packet)
+        if type(packet) is Puback or type(packet) is Pubcomp:
+            if self._inflight is not None:
+                self._inflight.pop(packet.packet_id, None)
+            return packet
+        if type(packet) is Pubrec:
+            return self._on_pubrec(packet)
+        if type(packet) is Pubrel:
+            pid = packet.packet_id
+            qos2_in = self._qos2_in
+            known = False
+            if qos2_in is not None and pid in qos2_in:
+                qos2_in.discard(pid)
+                known = True
+            return PublishReleased(pid, known)
+        if type(packet) is Subscribe or type(packet) is Unsubscribe or type(packet) is Pingreq:
+            return packet
+        if type(packet) is Disconnect:
+            return self._on_disconnect(packet)
+        if type(packet) is Connect:
+            return self._violation(ReasonCode.PROTOCOL_ERROR, "second CONNECT on one connection [MQTT-3.1.0-2]")
+        if type(packet) is Auth:
+            return self._violation(ReasonCode.PROTOCOL_ERROR, "AUTH without enhanced authentication")
+        return self._violation(ReasonCode.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
 
     def _violation(self, reason_code: int, message: str) -> ProtocolViolation:
         self._fail()

@@ -46,11 +46,11 @@ class ConnectClaims(Protocol):
 
 
 def _no_forward(msg: "Message", targets: "dict[str, ForwardTarget]", gate: "AckGate | None") -> None:
-    pass
+    """Before the cluster registers its own: the route table is empty, so no forward has a target."""
 
 
 def _no_session(client_id: str) -> None:
-    pass
+    """Before the cluster registers its own: no ended session can hold a claim yet."""
 
 
 class MeshPort:

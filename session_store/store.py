@@ -229,7 +229,7 @@ class _Window:
 
 
 def _nothing() -> None:
-    pass
+    """The default `on_dirty`: no committer to wake (a store used without a node)."""
 
 
 class SessionStore(ABC):
