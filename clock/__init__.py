@@ -30,11 +30,9 @@ __all__ = ["Clock", "SystemClock", "TrioClock", "ManualClock"]
 class Clock(Protocol):
     def now(self) -> float:
         """Monotonic seconds (only differences mean anything)."""
-        ...
 
     def wall(self) -> float:
         """Seconds since the Unix epoch."""
-        ...
 
 
 class SystemClock:

@@ -18,7 +18,6 @@ class ClientPort(Protocol):
     @property
     def session(self) -> Session | None:
         """The session this client is attached to (None before its CONNECT is accepted)."""
-        ...
 
     @property
     def protocol_level(self) -> int: ...
@@ -26,16 +25,12 @@ class ClientPort(Protocol):
     def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
         """Send now, or queue behind the client's inflight window. `cache` holds the
         bytes already encoded for this message, shared by the subscribers of one publish."""
-        ...
 
     def close(self, reason: int | None = None) -> None:
         """End the connection from the server side (DISCONNECT `reason` on v5)."""
-        ...
 
     def take_will(self) -> Will | None:
         """The will, which the client then no longer has."""
-        ...
 
     def release_acks(self, durable_epoch: int) -> bool:
         """Send the acknowledgements that no longer wait; True when none are left."""
-        ...
