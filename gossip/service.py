@@ -143,6 +143,15 @@ class GossipService:
         member = self.swim.members.get(member_id)
         return member.addr if member is not None else None
 
+    async def open_member_stream(self, member_id: str) -> trio.abc.Stream | None:
+        """A new stream to a member's gossip port through this node's transport (TCP,
+        or the in-memory network in simulation); None while its address is unknown.
+        Raises OSError when the member cannot be reached."""
+        addr = self.member_address(member_id)
+        if addr is None or self.transport is None:
+            return None
+        return await self.transport.open_stream(addr)
+
     def member_state(self, member_id: str) -> str | None:
         """This node's view of a member: alive, suspect, dead or left (None: unknown)."""
         if self.swim is None:

@@ -30,7 +30,11 @@ class LinkGossip(Protocol):
     """What a mesh link needs of gossip: where a member listens, and the cluster key's
     sealing (gossip owns the key and the listening socket)."""
 
-    def member_address(self, member_id: str) -> tuple[str, int] | None: ...
+    async def open_member_stream(self, member_id: str) -> trio.abc.Stream | None:
+        """A new stream to the member (None while its address is unknown); OSError
+        when it cannot be reached. Links never open sockets themselves: the transport
+        behind this is TCP in a node and the in-memory network in simulation."""
+        ...
 
     def seal_frame(self, body: bytes) -> bytes: ...
 
@@ -163,16 +167,13 @@ class OutboundLink:
         backoff = BACKOFF_START
         with self.cancel_scope:
             while True:
-                addr = self.gossip.member_address(self.peer)
-                if addr is None:
-                    await trio.sleep(backoff)
-                    backoff = min(BACKOFF_MAX, backoff * 2)
-                    continue
                 try:
                     with trio.fail_after(CONNECT_TIMEOUT):
-                        stream = await trio.open_tcp_stream(addr[0], addr[1])
+                        stream = await self.gossip.open_member_stream(self.peer)
                 except (OSError, trio.TooSlowError) as exc:
-                    log.debug("link to %s (%s:%d): %s", self.peer, addr[0], addr[1], exc)
+                    log.debug("link to %s: %s", self.peer, exc)
+                    stream = None
+                if stream is None:
                     await trio.sleep(backoff)
                     backoff = min(BACKOFF_MAX, backoff * 2)
                     continue
