@@ -26,7 +26,7 @@ from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
 from .mdns import MdnsDiscovery
 from .swim import Addr, MemberInfo, Swim, frame_body
-from .transport import NetTransport, Transport
+from .transport import NetTransport, StreamTransport, Transport
 from .trace import NullTraceWriter, TraceWriter
 
 log = logging.getLogger("meshd.gossip")
@@ -90,7 +90,10 @@ class GossipService:
         self._member_handlers: list[Callable[[str, MemberState], None]] = []
         self._pending_broadcasts: list[tuple[str, str, object]] = []
         self._given_transport = transport
-        self.transport: Transport | None = None
+        self.transport: Transport | None = None  # datagrams (and the bound address)
+        # Every node-to-node stream goes through this: push-pull, and the mesh links
+        # (open_member_stream, register_stream_handler).
+        self.streams: StreamTransport | None = None
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._inbound = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
@@ -148,9 +151,9 @@ class GossipService:
         or the in-memory network in simulation); None while its address is unknown.
         Raises OSError when the member cannot be reached."""
         addr = self.member_address(member_id)
-        if addr is None or self.transport is None:
+        if addr is None or self.streams is None:
             return None
-        return await self.transport.open_stream(addr)
+        return await self.streams.open_stream(addr)
 
     def member_state(self, member_id: str) -> str | None:
         """This node's view of a member: alive, suspect, dead or left (None: unknown)."""
@@ -203,6 +206,7 @@ class GossipService:
         """Bind UDP and TCP on the gossip port, report it, run until cancelled."""
         transport = self._given_transport or await NetTransport.bind(self.bind_host, self.bind_port)
         self.transport = transport
+        self.streams = transport
         port = transport.address[1]
         self.port = port
         if self.advertise_host:
@@ -236,7 +240,7 @@ class GossipService:
                 nursery.start_soon(self._udp_reader)
                 nursery.start_soon(self._timer_loop)
                 nursery.start_soon(self._lag_monitor)
-                nursery.start_soon(transport.serve_streams, self._serve_stream)
+                nursery.start_soon(self.streams.serve_streams, self._serve_stream)
                 if self.seeds:
                     seeds = await transport.resolve(self.seeds)
                     if len(seeds) < len(self.seeds):
@@ -375,10 +379,10 @@ class GossipService:
             return None
 
     async def _push_pull_client(self, addr: Addr, body: bytes | Callable[[], bytes]) -> None:
-        assert self.swim is not None and self.transport is not None
+        assert self.swim is not None and self.streams is not None
         with trio.move_on_after(PUSH_PULL_TIMEOUT) as scope:
             try:
-                stream = await self.transport.open_stream(addr)
+                stream = await self.streams.open_stream(addr)
             except (OSError, OverflowError, ValueError):
                 self.push_pull_failures += 1
                 return

@@ -1,50 +1,64 @@
-"""The transport under GossipService: best-effort packets plus reliable streams.
+"""The transport under GossipService: best-effort datagrams plus reliable streams.
 
-Two implementations of one small interface (memberlist's ``Transport`` and
-``MockNetwork``): ``NetTransport`` is UDP + TCP on one port; ``MemoryNetwork`` hands
-out in-memory transports with latency, loss and partitions, for driving real
-GossipService instances under ``trio.testing.MockClock`` in virtual time.
+Two narrow interfaces (memberlist's ``Transport``): ``DatagramTransport`` carries
+SWIM's UDP packets, ``StreamTransport`` every node-to-node stream (push-pull, and the
+mesh links through ``GossipService.open_member_stream`` and its stream handlers: route
+sync, forwarding, handoff and held replay reach the network only through it).
+``Transport`` is both, plus an address and a lifetime.
+
+Two implementations: ``NetTransport`` here is UDP + TCP on one port;
+``gossip.memory_network.MemoryNetwork`` hands out in-memory transports with latency,
+bandwidth, loss, resets and partitions, for driving real nodes under
+``trio.testing.MockClock`` in virtual time. Sealing with the cluster key is above the
+transport (``GossipService``), so both carry the same frames.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-import random
 import socket
-from typing import Awaitable, Callable, NoReturn, Sequence
+from typing import Awaitable, Callable, NoReturn, Protocol, Sequence
 
 import trio
-import trio.testing
-
-from clock import Clock, TrioClock
 
 Addr = tuple[str, int]
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
 
 
-class Transport:
-    """What GossipService needs from a network."""
+class DatagramTransport(Protocol):
+    """Best-effort packets (SWIM's probes and piggybacked broadcasts)."""
+
+    async def send_packet(self, data: bytes, addr: Addr) -> None:
+        """Send one datagram; it may be lost or arrive out of order."""
+
+    async def receive_packet(self) -> tuple[bytes, Addr]:
+        """The next datagram that arrived, and who sent it."""
+
+
+class StreamTransport(Protocol):
+    """Reliable, ordered byte streams between nodes: the only way node-to-node
+    streams reach the network."""
+
+    async def open_stream(self, addr: Addr) -> trio.abc.Stream:
+        """A new stream to the node listening at ``addr``. Raises OSError when it
+        cannot be reached; a connect across a partition may instead hang until the
+        caller's timeout (as a real SYN does), so callers bound it."""
+
+    async def serve_streams(self, handler: StreamHandler) -> NoReturn:
+        """Accept streams for ever, each handed to ``handler`` in its own task (the
+        handler owns the stream)."""
+
+
+class Transport(DatagramTransport, StreamTransport, Protocol):
+    """Both sides on one address: what GossipService binds (or is given)."""
 
     address: Addr  # where we are bound (host may be a wildcard for NetTransport)
 
-    async def send_packet(self, data: bytes, addr: Addr) -> None:
-        raise NotImplementedError
-
-    async def receive_packet(self) -> tuple[bytes, Addr]:
-        raise NotImplementedError
-
-    async def open_stream(self, addr: Addr) -> trio.abc.Stream:
-        raise NotImplementedError
-
-    async def serve_streams(self, handler: StreamHandler) -> NoReturn:
-        raise NotImplementedError
-
     async def resolve(self, addrs: Sequence[tuple[str, int]]) -> list[Addr]:
+        """The addresses to send to for seeds given by name (by default: as given)."""
         return [(str(h), int(p)) for h, p in addrs]
 
     def close(self) -> None:
-        pass
+        """Let go of the sockets (a node's last act; by default nothing to do)."""
 
 
 class NetTransport(Transport):
@@ -115,115 +129,3 @@ class NetTransport(Transport):
         self.sock.close()
         for listener in self.listeners:
             listener.socket.close()
-
-
-class MemoryNetwork:
-    """An in-memory network for GossipService tests in virtual time.
-
-    ``await nursery.start(net.run)`` first: one task delivers every packet after
-    its latency (no task per packet).  ``cut(a, b)`` partitions hosts, ``heal()``
-    undoes it, ``down(host)`` silences a host as if it were unplugged.
-    """
-
-    def __init__(
-        self, *, latency: float = 0.002, jitter: float = 0.5, loss: float = 0.0, seed: int = 0,
-        rng: random.Random | None = None, clock: Clock | None = None,
-    ) -> None:
-        self.latency = latency
-        self.jitter = jitter
-        self.loss = loss
-        self.rng = rng if rng is not None else random.Random(seed)
-        # deadlines go to trio.move_on_at: the clock must be on Trio's timeline
-        self.clock: Clock = clock if clock is not None else TrioClock()
-        self.transports: dict[Addr, MemoryTransport] = {}
-        self._heap: list[tuple[float, int, Addr, bytes, Addr]] = []
-        self._seq = 0
-        self._wake = trio.Event()
-        self._cuts: list[tuple[frozenset[str], frozenset[str]]] = []
-        self.delivered = 0
-        self.dropped = 0
-
-    def transport(self, host: str, port: int = 7946) -> "MemoryTransport":
-        t = MemoryTransport(self, (host, port))
-        self.transports[(host, port)] = t
-        return t
-
-    def cut(self, a: Sequence[str], b: Sequence[str]) -> None:
-        self._cuts.append((frozenset(a), frozenset(b)))
-
-    def heal(self) -> None:
-        self._cuts.clear()
-
-    def reachable(self, src: str, dst: str) -> bool:
-        for a, b in self._cuts:
-            if (src in a and dst in b) or (src in b and dst in a):
-                return False
-        return True
-
-    def _delay(self) -> float:
-        return self.latency * (1 - self.jitter + 2 * self.jitter * self.rng.random())
-
-    def _send(self, src: Addr, data: bytes, dst: Addr) -> None:
-        if not self.reachable(src[0], dst[0]) or (self.loss and self.rng.random() < self.loss):
-            self.dropped += 1
-            return
-        self._seq += 1
-        heapq.heappush(self._heap, (self.clock.now() + self._delay(), self._seq, dst, data, src))
-        self._wake.set()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            deadline = self._heap[0][0] if self._heap else math.inf
-            self._wake = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._wake.wait()
-            now = self.clock.now()
-            while self._heap and self._heap[0][0] <= now:
-                _, _, dst, data, src = heapq.heappop(self._heap)
-                target = self.transports.get(dst)
-                if target is None or target.closed:
-                    self.dropped += 1
-                    continue
-                try:
-                    target._inbox_send.send_nowait((data, src))
-                    self.delivered += 1
-                except trio.WouldBlock:
-                    self.dropped += 1  # a full socket buffer drops, too
-
-
-class MemoryTransport(Transport):
-    def __init__(self, net: MemoryNetwork, address: Addr) -> None:
-        self.net = net
-        self.address = address
-        self.closed = False
-        self._inbox_send, self._inbox = trio.open_memory_channel[tuple[bytes, Addr]](1024)
-        self._accept_send, self._accept = trio.open_memory_channel[trio.abc.Stream](16)
-
-    async def send_packet(self, data: bytes, addr: Addr) -> None:
-        self.net._send(self.address, data, addr)
-        await trio.lowlevel.checkpoint()
-
-    async def receive_packet(self) -> tuple[bytes, Addr]:
-        return await self._inbox.receive()
-
-    async def open_stream(self, addr: Addr) -> trio.abc.Stream:
-        target = self.net.transports.get(addr)
-        await trio.sleep(3 * self.net._delay())  # connect and first segment
-        if target is None or target.closed or not self.net.reachable(self.address[0], addr[0]):
-            raise OSError(f"connect to {addr} failed")
-        ours, theirs = trio.testing.memory_stream_pair()
-        try:
-            target._accept_send.send_nowait(theirs)
-        except trio.WouldBlock:
-            raise OSError(f"{addr} refused the connection (backlog full)") from None
-        return ours
-
-    async def serve_streams(self, handler: StreamHandler) -> NoReturn:
-        async with trio.open_nursery() as nursery:
-            async for stream in self._accept:
-                nursery.start_soon(handler, stream)
-        raise AssertionError("accept channel closed")  # pragma: no cover
-
-    def close(self) -> None:
-        self.closed = True
