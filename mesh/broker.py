@@ -134,7 +134,9 @@ class Broker:
         self.store: SessionStore = store if store is not None else MemoryStore()
         # In `sync` durability a PUBACK/PUBREC waits until what the PUBLISH wrote is synced.
         self.acks_wait_for_sync = self.limits.durability == "sync"
-        self.ack_waiters: set[ClientPort] = set()
+        # Insertion-ordered (a dict, not a set of objects hashed by address): acks are
+        # released in the same order on every run, which the cluster simulator replays.
+        self.ack_waiters: dict[ClientPort, None] = {}
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, ClientPort] = {}
         self.subscriptions: TopicTrie[str] = TopicTrie()
@@ -227,7 +229,7 @@ class Broker:
     def connection_lost(self, conn: ClientPort, now: float, *, publish_will: bool) -> None:
         """The connection of a session ended (cleanly or not)."""
         # Acks still waiting for a sync are dropped: the client resends those PUBLISHes.
-        self.ack_waiters.discard(conn)
+        self.ack_waiters.pop(conn, None)
         session = conn.session
         if session is None or self.connections.get(session.client_id) is not conn:
             return  # never attached, or already taken over by a newer connection
@@ -673,7 +675,7 @@ class Broker:
         durable = self.store.durable_epoch
         for conn in list(self.ack_waiters):
             if conn.release_acks(durable):
-                self.ack_waiters.discard(conn)
+                self.ack_waiters.pop(conn, None)
         if self._durable_callbacks and self._durable_callbacks[0][0] <= durable:
             ready = [cb for epoch, cb in self._durable_callbacks if epoch <= durable]
             self._durable_callbacks = [(e, cb) for e, cb in self._durable_callbacks if e > durable]
@@ -766,7 +768,7 @@ class Broker:
         session = self.sessions.get(client_id)
         conn = self.connections.pop(client_id, None)
         if conn is not None:
-            self.ack_waiters.discard(conn)
+            self.ack_waiters.pop(conn, None)
             conn.close(ReasonCode.SESSION_TAKEN_OVER)
             will = conn.take_will()
             if will is not None and not (will.properties.will_delay_interval or 0):

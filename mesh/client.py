@@ -395,7 +395,7 @@ class Client:
             if self._pending_acks is None:
                 self._pending_acks = deque()
             self._pending_acks.append((wait_for, gate, ack))
-            broker.ack_waiters.add(self)
+            broker.ack_waiters[self] = None
         else:
             self.write(ack)
 

@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Callable
 
 from clock import Clock, TrioClock
 from gossip.config import preset as gossip_preset
 from gossip.service import GossipService
 from gossip.trace import NullTraceWriter, TraceWriter
+from gossip.transport import Transport
 from mesh.api import build_router
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
 from mesh.config_sync import ConfigSync
 from mesh.doorbell import Doorbell
-from mesh.node import Node
+from mesh.node import Node, WriteRunner
 from mesh.node_metrics import node_metrics
 from mesh.security import Security
 from mesh.sys_topics import SysPublisher
@@ -46,13 +48,22 @@ from routing.cluster import Cluster
 from routing.port import MeshPort
 from routing.table import RouteTable
 from session_store.rocks import RocksStore, StoreOpenError
+from session_store.store import SessionStore
+
+# Opens the node's session store, given the doorbell the store rings when it has work.
+StoreOpener = Callable[[Callable[[], None]], SessionStore]
 
 
 def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Random | None = None,
-               node_id: str | None = None) -> Node:
+               node_id: str | None = None, transport: Transport | None = None,
+               open_store: StoreOpener | None = None, run_write: WriteRunner | None = None) -> Node:
     """A node for `settings`, ready to `serve()`. `clock` defaults to Trio's (pass a
     `TrioClock(wall_epoch=...)` under a MockClock to drive the whole node in virtual
     time); `rng` to an unseeded `random.Random` (seed it to replay random choices).
+    The cluster simulator (`simulation.cluster`) also passes the gossip `transport` (an
+    in-memory network instead of UDP and TCP), `open_store` (a store on a simulated disk
+    instead of RocksDB in `data_dir`) and `run_write` (how the committer runs a blocking
+    write: inline, since virtual time would jump while a worker thread writes).
     Raises ConfigError for settings that cannot work (an unreadable file, a locked
     data directory)."""
     clock = clock if clock is not None else TrioClock()
@@ -66,10 +77,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     security = Security(settings, clock=clock, in_minority=partition_view.in_minority)
 
     store_dirty = Doorbell()
-    try:
-        store = RocksStore(os.path.join(settings.data_dir, "sessions"), on_dirty=store_dirty.ring)
-    except StoreOpenError as exc:
-        raise ConfigError("data_dir", str(exc)) from None
+    store = open_store(store_dirty.ring) if open_store is not None else _open_rocks(settings, store_dirty.ring)
     recovered = store.load()
     # Every start is a new route epoch, so peers never mistake fresh route versions
     # for old news (routing.table).
@@ -93,6 +101,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         advertise_host=settings.gossip_advertise,
         clock=clock,
         rng=_child(rng),
+        transport=transport,
     )
     partitions = PartitionMonitor(partition_view, gossip, trace, clock=clock)
 
@@ -129,8 +138,15 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api,
+        ports=ports, api=api, run_write=run_write,
     )
+
+
+def _open_rocks(settings: Settings, on_dirty: Callable[[], None]) -> SessionStore:
+    try:
+        return RocksStore(os.path.join(settings.data_dir, "sessions"), on_dirty=on_dirty)
+    except StoreOpenError as exc:
+        raise ConfigError("data_dir", str(exc)) from None
 
 
 def _child(rng: random.Random) -> random.Random:

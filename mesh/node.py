@@ -93,6 +93,11 @@ class NodeGossip(Protocol):
     def has_peers(self) -> bool: ...
 
 
+# Runs one blocking store write (`SessionStore.write_batch`) and waits for it: off the
+# Trio thread in a node (`_in_worker_thread`), inline in the cluster simulator.
+WriteRunner = Callable[[Callable[[], None]], Awaitable[None]]
+
+
 class Node:
     """The running shell around parts built by `mesh.compose.build_node`: it opens the
     listeners, runs every part's task in order and shuts them down in order."""
@@ -116,6 +121,7 @@ class Node:
         sys: Runnable,
         ports: dict[str, int],
         api: Router,
+        run_write: WriteRunner | None = None,
     ) -> None:
         self.settings = settings
         self.node_id = node_id
@@ -133,6 +139,7 @@ class Node:
         self.sys = sys
         self.ports = ports  # filled in as the listeners bind (the API shows them)
         self.api = api
+        self._run_write: WriteRunner = run_write if run_write is not None else _in_worker_thread
         self._shutdown = trio.Event()
         self._connections: trio.Nursery | None = None  # set by serve(): every client task runs here
         self._lot: ParkingLot | None = None  # set by serve(): idle plain-TCP clients wait here
@@ -290,6 +297,15 @@ class Node:
                 await self._run_connection(WebSocketByteStream(ws), peer, "wss", host, cn)
             nursery.cancel_scope.cancel()
 
+    def serve_client_stream(self, stream: ByteStream, peer: str, transport: str = "memory") -> None:
+        """Serve one client connection on a stream that came from somewhere other than
+        this node's listeners (the cluster simulator's in-memory clients): the same
+        `ClientConnection` path as a TLS or WebSocket client, in the node's connection
+        nursery.  Only while `serve()` runs."""
+        if self._connections is None:
+            raise RuntimeError("the node is not serving")
+        self._connections.start_soon(self._run_connection, stream, peer, transport)
+
     async def _run_connection(self, stream: ByteStream, peer: str, transport: str, peer_ip: str = "", cert_cn: str | None = None) -> None:
         conn = ClientConnection(self.broker, stream, peer, transport, clock=self.clock, connect_timeout=self.settings.connect_timeout,
                                 security=self.security, peer_ip=peer_ip, cert_cn=cert_cn, nursery=self._connections)
@@ -392,7 +408,7 @@ class Node:
         store = self.store
         batch, epoch = store.take_batch(hold)
         if len(batch):
-            await _in_worker_thread(functools.partial(store.write_batch, batch, sync=self.settings.durability != "off"))
+            await self._run_write(functools.partial(store.write_batch, batch, sync=self.settings.durability != "off"))
             store.stats.count(batch)
         if epoch > store.durable_epoch:
             store.mark_durable(epoch)

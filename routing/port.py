@@ -100,6 +100,17 @@ class MeshPort:
             self._routes_wake = trio.Event()
             await self._routes_wake.wait()
 
+    def local_filters(self) -> set[str]:
+        """The filters this node has local subscribers for, including changes not yet
+        flushed into the table (what the cluster's route tables must converge to)."""
+        filters = set(self.table.local_filters())
+        for topic_filter, present in self._route_changes:
+            if present:
+                filters.add(topic_filter)
+            else:
+                filters.discard(topic_filter)
+        return filters
+
     def take_route_changes(self) -> list[tuple[str, bool]]:
         """The changes queued so far, oldest first; the queue starts over empty."""
         changes, self._route_changes = self._route_changes, []

@@ -623,26 +623,78 @@ def _seq(suffix: bytes) -> int:
     return seq
 
 
-class MemoryStore(SessionStore):
-    """The same contract with no disk: for clean-only nodes and tests."""
+WRITEBACK_BATCHES = 256  # unsynced batches a MemoryDisk keeps before the oldest counts as written back
 
-    def __init__(self, *, on_dirty: Callable[[], None] | None = None) -> None:
+
+class MemoryDisk:
+    """What a `MemoryStore` keeps "on disk", apart from the store object, so it outlives
+    the process that wrote it (the cluster simulator restarts a node on it).
+
+    It tells synced writes from unsynced ones, as a disk with an OS page cache does: a
+    batch written with `sync=True` is durable together with every unsynced write before
+    it (one fsync covers the whole log); one written with `sync=False` (durability `off`)
+    is only in the cache until then.  `lose_unsynced` is the machine losing its power: the
+    unsynced writes are gone.  A store opened on the disk again (`scan`) reads everything
+    written, synced or not, as a restarted process reads the page cache."""
+
+    def __init__(self) -> None:
+        self.synced: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
+        # Batches written without sync, in order: (prefix deletes, (cf, key, value or None)).
+        self.unsynced: list[tuple[list[tuple[str, bytes]], list[tuple[str, bytes, bytes | None]]]] = []
+
+    def write(self, prefix_deletes: list[tuple[str, bytes]], items: list[tuple[str, bytes, bytes | None]],
+              *, sync: bool) -> None:
+        self.unsynced.append((prefix_deletes, items))
+        if sync:
+            for deletes, puts in self.unsynced:
+                _apply(self.synced, deletes, puts)
+            self.unsynced.clear()
+        elif len(self.unsynced) > WRITEBACK_BATCHES:
+            # The OS writes its cache back by itself, sooner or later: the oldest goes.
+            _apply(self.synced, *self.unsynced.pop(0))
+
+    def lose_unsynced(self) -> int:
+        """Drop what was never synced (a crash of the machine); how many batches that was."""
+        lost = len(self.unsynced)
+        self.unsynced.clear()
+        return lost
+
+    def read(self, cf: str) -> list[tuple[bytes, bytes]]:
+        """A column family as a restarted process sees it: synced, then unsynced writes."""
+        if not self.unsynced:
+            return sorted(self.synced[cf].items())
+        view = {cf: dict(self.synced[cf])}
+        for deletes, puts in self.unsynced:
+            _apply(view, [d for d in deletes if d[0] == cf], [p for p in puts if p[0] == cf])
+        return sorted(view[cf].items())
+
+
+def _apply(tables: dict[str, dict[bytes, bytes]], prefix_deletes: list[tuple[str, bytes]],
+           items: list[tuple[str, bytes, bytes | None]]) -> None:
+    for cf, prefix in prefix_deletes:
+        table = tables[cf]
+        for k in [k for k in table if k.startswith(prefix)]:
+            del table[k]
+    for cf, key, value in items:
+        if value is None:
+            tables[cf].pop(key, None)
+        else:
+            tables[cf][key] = value
+
+
+class MemoryStore(SessionStore):
+    """The same contract with no disk: for clean-only nodes, tests and the cluster
+    simulator (which keeps the `MemoryDisk` across a node's kill and restart)."""
+
+    def __init__(self, *, on_dirty: Callable[[], None] | None = None, disk: MemoryDisk | None = None) -> None:
         super().__init__(on_dirty=on_dirty)
-        self._data: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
+        self.disk = disk if disk is not None else MemoryDisk()
 
     def write_batch(self, batch: PendingBatch, *, sync: bool) -> None:
-        for cf, prefix in batch.prefix_deletes:
-            table = self._data[cf]
-            for k in [k for k in table if k.startswith(prefix)]:
-                del table[k]
-        for cf, key, value in batch.items():
-            if value is None:
-                self._data[cf].pop(key, None)
-            else:
-                self._data[cf][key] = value
+        self.disk.write(list(batch.prefix_deletes), list(batch.items()), sync=sync)
 
     def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
-        return sorted(self._data[cf].items())
+        return self.disk.read(cf)
 
     def close(self) -> None:
         self._batch = PendingBatch()

@@ -232,9 +232,7 @@ class Model:
 
 
 def restarted(store: MemoryStore) -> MemoryStore:
-    fresh = MemoryStore()
-    fresh._data = store._data
-    return fresh
+    return MemoryStore(disk=store.disk)
 
 
 @settings(max_examples=300, deadline=None)
