@@ -2,7 +2,7 @@
 
 `run_cluster(params, scenario)` builds N complete nodes with `mesh.compose.build_node`
 (broker, session store, routing, netsplit, gossip: the code a `meshd` process runs),
-joined by an in-memory network (`gossip.transport.MemoryNetwork`, which carries both
+joined by an in-memory network (`gossip.memory_network.MemoryNetwork`, which carries both
 the gossip datagrams and the mesh links' streams), and runs `scenario(cluster)` under
 `trio.testing.MockClock(autojump_threshold=0)`: time moves only when every task
 waits, straight to the next deadline, so a minute of cluster life takes milliseconds
@@ -38,7 +38,7 @@ import trio.testing
 
 from clock import TrioClock
 from gossip.service import GossipService
-from gossip.transport import MemoryNetwork, MemoryTransport
+from gossip.memory_network import MemoryNetwork, MemoryTransport
 from mesh.compose import build_node
 from mesh.config import load_settings
 from mesh.http_api import Request
@@ -70,6 +70,7 @@ class ClusterParams:
     jitter: float = 0.5
     loss: float = 0.0
     gossip_preset: str = "lan"
+    client_latency: float = 0.001  # one way, between a client and its node
 
 
 class SkewedClock(TrioClock):
@@ -97,17 +98,11 @@ class _Machine:
     clock: SkewedClock
     disk: MemoryDisk | None  # None: RocksDB in the data dir
     starts: int = 0
+    write_delay: float = 0.0  # seconds each store commit takes (`slow_disk`)
     node: Node | None = None
     scope: trio.CancelScope | None = None
     stopped: trio.Event | None = None
     pipes: list[Pipe] = field(default_factory=list)  # client connections into this process
-
-
-async def _write_inline(write: Callable[[], None]) -> None:
-    """The committer's writes run on the Trio thread: under a MockClock, virtual time
-    would jump ahead while a worker thread writes."""
-    write()
-    await trio.lowlevel.checkpoint()
 
 
 class SimCluster:
@@ -204,8 +199,18 @@ class SimCluster:
         # Each start of each node draws from its own stream of the seed.
         rng = random.Random(f"{self.params.seed}:{machine.node_id}:{machine.starts}")
         transport = self.net.transport(machine.node_id, GOSSIP_PORT)
+
+        async def write_inline(write: Callable[[], None]) -> None:
+            # The committer's writes run on the Trio thread: under a MockClock, virtual
+            # time would jump ahead while a worker thread writes.  A slow disk takes
+            # `write_delay` first (a kill meanwhile loses the write).
+            if machine.write_delay:
+                await trio.sleep(machine.write_delay)
+            write()
+            await trio.lowlevel.checkpoint()
+
         node = build_node(machine.settings, clock=machine.clock, rng=rng, node_id=machine.node_id,
-                          transport=transport, open_store=open_store, run_write=_write_inline)
+                          transport=transport, open_store=open_store, run_write=write_inline)
         stopped = machine.stopped = trio.Event()
         try:
             with trio.CancelScope() as scope:
@@ -264,13 +269,16 @@ class SimCluster:
     def cut(self, a: Sequence[str], b: Sequence[str], *, one_way: bool = False) -> None:
         """Partition nodes `a` from nodes `b` (one_way: only what goes from a to b is lost)."""
         self.emit("cut", a=sorted(a), b=sorted(b), one_way=one_way)
-        if one_way:
-            raise NotImplementedError("one-way cuts come with the streams of gossip.transport")
-        self.net.cut(a, b)
+        self.net.cut(a, b, one_way=one_way)
 
     def heal(self) -> None:
         self.emit("heal")
         self.net.heal()
+
+    def slow_disk(self, node_id: str, seconds: float) -> None:
+        """Every store commit of that node takes `seconds` from now on (0: instant)."""
+        self.emit("slow_disk", node=node_id, seconds=seconds)
+        self._machines[node_id].write_delay = seconds
 
     def skew(self, node_id: str, seconds: float) -> None:
         """That node's wall clock (HLC stamps, session expiry) runs `seconds` off."""
@@ -332,7 +340,7 @@ class SimCluster:
         node = machine.node
         if node is None:
             raise NodeDown(f"{node_id} is not running")
-        pipe = Pipe()
+        pipe = Pipe(self.clock, self.params.client_latency)
         machine.pipes[:] = [p for p in machine.pipes if p.open]
         machine.pipes.append(pipe)
         node.serve_client_stream(pipe.server, f"sim:{client_id}")

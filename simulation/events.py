@@ -18,7 +18,8 @@ class SimEvent:
       deliver (topic, payload, qos, dup, retain, packet_id): a client received one,
       subscribed (filter, qos, reason), unsubscribed (filter),
       disconnect, drop, lost (why), kicked (reason): a client's connection ended,
-      kill, restart, stop, cut (a, b, one_way), heal, skew (seconds): the harness's faults.
+      kill, restart, stop, cut (a, b, one_way), heal, skew (seconds), slow_disk (seconds):
+      the harness's faults.
     """
 
     at: float
