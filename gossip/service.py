@@ -26,7 +26,7 @@ from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
 from .mdns import MdnsDiscovery
 from .swim import Addr, MemberInfo, Swim, frame_body
-from .transport import NetTransport, StreamTransport, Transport
+from .transport import NetTransport, StreamTls, StreamTransport, TlsStreams, Transport
 from .trace import NullTraceWriter, TraceWriter
 
 log = logging.getLogger("meshd.gossip")
@@ -61,9 +61,13 @@ class GossipService:
         rng: random.Random | None = None,
         transport: Transport | None = None,
         clock: Clock | None = None,
+        stream_tls: StreamTls | None = None,
     ) -> None:
         """``cluster_key``: the shared secret (None: no encryption); the caller resolves
         it (``mesh.config`` reads ``MESHD_CLUSTER_KEY``), this class reads no environment.
+        ``stream_tls``: wrap every node-to-node stream (push-pull, mesh links) in TLS
+        with mutual certificate verification; frames inside are still sealed with the
+        cluster key, and datagrams are sealed by the key only.
         ``rng`` (else one seeded with ``seed``) makes every random choice; ``clock``
         (default: Trio's) is the only time source."""
         self.node_id = node_id
@@ -90,6 +94,7 @@ class GossipService:
         self._member_handlers: list[Callable[[str, MemberState], None]] = []
         self._pending_broadcasts: list[tuple[str, str, object]] = []
         self._given_transport = transport
+        self._stream_tls = stream_tls
         self.transport: Transport | None = None  # datagrams (and the bound address)
         # Every node-to-node stream goes through this: push-pull, and the mesh links
         # (open_member_stream, register_stream_handler).
@@ -206,7 +211,7 @@ class GossipService:
         """Bind UDP and TCP on the gossip port, report it, run until cancelled."""
         transport = self._given_transport or await NetTransport.bind(self.bind_host, self.bind_port)
         self.transport = transport
-        self.streams = transport
+        self.streams = TlsStreams(transport, self._stream_tls) if self._stream_tls is not None else transport
         port = transport.address[1]
         self.port = port
         if self.advertise_host:

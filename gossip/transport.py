@@ -6,7 +6,8 @@ mesh links through ``GossipService.open_member_stream`` and its stream handlers:
 sync, forwarding, handoff and held replay reach the network only through it).
 ``Transport`` is both, plus an address and a lifetime.
 
-Two implementations: ``NetTransport`` here is UDP + TCP on one port;
+Two implementations: ``NetTransport`` here is UDP + TCP on one port (``TlsStreams``
+wraps its streams, or any others, in mutually verified TLS);
 ``gossip.memory_network.MemoryNetwork`` hands out in-memory transports with latency,
 bandwidth, loss, resets and partitions, for driving real nodes under
 ``trio.testing.MockClock`` in virtual time. Sealing with the cluster key is above the
@@ -15,10 +16,15 @@ transport (``GossipService``), so both carry the same frames.
 
 from __future__ import annotations
 
+import logging
 import socket
+import ssl
+from dataclasses import dataclass
 from typing import Awaitable, Callable, NoReturn, Protocol, Sequence
 
 import trio
+
+log = logging.getLogger("meshd.transport")
 
 Addr = tuple[str, int]
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
@@ -129,3 +135,87 @@ class NetTransport(Transport):
         self.sock.close()
         for listener in self.listeners:
             listener.socket.close()
+
+
+@dataclass(frozen=True)
+class StreamTls:
+    """TLS for node-to-node streams. Nodes are peers: each side presents its
+    certificate and verifies the other's against the cluster's CA (both contexts
+    require a certificate; host names are not checked, since nodes reach each other
+    at gossip addresses and a certificate from the cluster's CA is what makes a peer
+    a member). Datagrams are not covered: they stay sealed by the cluster key."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+    handshake_timeout: float = 10.0
+
+
+class TlsStreams(StreamTransport):
+    """Every stream of `inner`, both ways, in TLS: a stream is handed out (or to the
+    handler) only after a handshake that verified the peer's certificate."""
+
+    def __init__(self, inner: StreamTransport, tls: StreamTls) -> None:
+        self.inner = inner
+        self.tls = tls
+        # hosts whose refusal was logged at warning: once each until one succeeds, so a
+        # misconfigured node retrying every few seconds does not flood the log
+        self._refused: set[str] = set()
+
+    async def open_stream(self, addr: Addr) -> trio.abc.Stream:
+        raw = await self.inner.open_stream(addr)
+        stream = trio.SSLStream(raw, self.tls.client, server_side=False)
+        failure = await self._handshake(stream)
+        if failure is not None:
+            message = f"TLS handshake with {addr[0]}:{addr[1]} failed: {failure}"
+            self._note_refusal(addr[0], message)
+            await trio.aclose_forcefully(raw)
+            raise ConnectionError(message)
+        self._refused.discard(addr[0])
+        return stream
+
+    async def serve_streams(self, handler: StreamHandler) -> NoReturn:
+        async def accept(raw: trio.abc.Stream) -> None:
+            stream = trio.SSLStream(raw, self.tls.server, server_side=True)
+            failure = await self._handshake(stream)
+            peer = _peer_name(raw)
+            if failure is not None:
+                self._note_refusal(peer.rsplit(":", 1)[0], f"refused a node-to-node stream from {peer}: {failure}")
+                await trio.aclose_forcefully(raw)
+                return
+            self._refused.discard(peer.rsplit(":", 1)[0])
+            await handler(stream)
+
+        await self.inner.serve_streams(accept)
+
+    async def _handshake(self, stream: trio.SSLStream[trio.abc.Stream]) -> str | None:
+        """None when the handshake completed, else why it did not."""
+        with trio.move_on_after(self.tls.handshake_timeout):
+            try:
+                await stream.do_handshake()
+                return None
+            except trio.BrokenResourceError as exc:
+                cause = exc.__cause__
+                said = [str(x) for x in (getattr(cause, "reason", None), getattr(cause, "verify_message", None)) if x]
+                return ": ".join(said) or str(cause or exc)
+            except trio.ClosedResourceError:
+                return "closed"
+        return f"no TLS handshake within {self.tls.handshake_timeout:g} s"
+
+    def _note_refusal(self, key: str, message: str) -> None:
+        if key in self._refused:
+            log.debug("%s", message)
+        else:
+            self._refused.add(key)
+            log.warning("%s", message)
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    if sock is not None:
+        try:
+            host, port = sock.getpeername()[:2]
+            return f"{host}:{port}"
+        except (OSError, ValueError, TypeError):
+            return "?"
+    peer = getattr(stream, "peer", None)  # an in-memory stream knows its peer's address
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"

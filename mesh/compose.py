@@ -3,7 +3,7 @@ dependency order. Read top to bottom, it is the node: every part gets its
 collaborators here, at construction, and nothing is wired in afterwards.
 
     clock, rng             time and randomness, injected into everything below
-    node id, security      who we are; who may connect and do what
+    node id, security      who we are; who may connect and do what (and node-to-node TLS)
     store                  sessions on disk, recovered; this start's route epoch
     trace                  the event trace (`meshd report`), when enabled
     partition view         netsplit verdicts: read by security and fed by the monitor
@@ -31,7 +31,7 @@ from clock import Clock, TrioClock
 from gossip.config import preset as gossip_preset
 from gossip.service import GossipService
 from gossip.trace import NullTraceWriter, TraceWriter
-from gossip.transport import Transport
+from gossip.transport import StreamTls, Transport
 from mesh.api import build_router
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
@@ -41,6 +41,7 @@ from mesh.node import Node, WriteRunner
 from mesh.node_metrics import node_metrics
 from mesh.security import Security
 from mesh.sys_topics import SysPublisher
+from mesh.tls import TlsConfigError, cluster_contexts
 from netsplit.detector import detector_for
 from netsplit.monitor import PartitionMonitor
 from netsplit.view import PartitionView
@@ -75,6 +76,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
     partition_view = PartitionView(detector_for(node_id, gossip_config), clock=clock)
     security = Security(settings, clock=clock, in_minority=partition_view.in_minority)
+    stream_tls = cluster_stream_tls(settings)
 
     store_dirty = Doorbell()
     store = open_store(store_dirty.ring) if open_store is not None else _open_rocks(settings, store_dirty.ring)
@@ -102,6 +104,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         clock=clock,
         rng=_child(rng),
         transport=transport,
+        stream_tls=stream_tls,
     )
     partitions = PartitionMonitor(partition_view, gossip, trace, clock=clock)
 
@@ -147,6 +150,29 @@ def _open_rocks(settings: Settings, on_dirty: Callable[[], None]) -> SessionStor
         return RocksStore(os.path.join(settings.data_dir, "sessions"), on_dirty=on_dirty)
     except StoreOpenError as exc:
         raise ConfigError("data_dir", str(exc)) from None
+
+
+CLUSTER_TLS_SETTINGS = ("cluster_tls_cert", "cluster_tls_key", "cluster_tls_ca")
+
+
+def cluster_stream_tls(settings: Settings) -> StreamTls | None:
+    """TLS for node-to-node streams when all three `cluster_tls_*` settings are given;
+    None when none is. Refused (ConfigError naming the key) when only some are, or a
+    file cannot be used."""
+    given = {name: getattr(settings, name) for name in CLUSTER_TLS_SETTINGS}
+    if not any(given.values()):
+        return None
+    missing = [name for name, value in given.items() if not value]
+    if missing:
+        raise ConfigError(missing[0], "node-to-node TLS needs all of " + ", ".join(CLUSTER_TLS_SETTINGS)
+                          + f"; {missing[0]} is not set")
+    try:
+        server, client = cluster_contexts(given["cluster_tls_cert"], given["cluster_tls_key"], given["cluster_tls_ca"])
+    except TlsConfigError as exc:
+        message = str(exc)
+        key = message.split(" ", 1)[0] if message.startswith("cluster_tls_") else "cluster_tls_cert"
+        raise ConfigError(key, message) from None
+    return StreamTls(server=server, client=client)
 
 
 def _child(rng: random.Random) -> random.Random:

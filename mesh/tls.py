@@ -10,8 +10,11 @@ when it fails. Use it for `wss` too, before handing the stream to trio-websocket
 TLS 1.3 client whose certificate was refused hanging until its connect timeout,
 because the client's side of a 1.3 handshake completes before the server says no.
 
+`cluster_contexts` builds the pair for node-to-node streams (`cluster_tls_*`: mutual
+verification against the cluster's CA; the gossip transport's `TlsStreams` uses them).
+
 Every problem with a file raises `TlsConfigError` naming the setting (`tls_cert`,
-`tls_key`, `tls_ca`), so an operator sees which line of the config to fix.
+`tls_key`, `tls_ca`, `cluster_tls_*`), so an operator sees which line of the config to fix.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, TypeVar
 
 import trio
 
-__all__ = ["server_context", "peer_common_name", "accept_tls", "TlsConfigError", "TLS12_CIPHERS"]
+__all__ = ["server_context", "cluster_contexts", "peer_common_name", "accept_tls", "TlsConfigError", "TLS12_CIPHERS"]
 
 log = logging.getLogger(__name__)
 
@@ -126,28 +129,60 @@ def server_context(cert: str, key: str, ca: str | None = None,
     ctx.set_ciphers(TLS12_CIPHERS)
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_TICKET
     ctx.options |= ssl.OP_NO_RENEGOTIATION
-    try:
-        ctx.load_cert_chain(cert, key, password=_no_passphrase)
-    except TlsConfigError:
-        raise TlsConfigError(f"tls_key {key}: the key is encrypted with a passphrase") from None
-    except ssl.SSLError as e:
-        text = f"{e.reason or ''} {e}".upper()
-        if "KEY_VALUES_MISMATCH" in text or "X509_CHECK_PRIVATE_KEY" in text:
-            raise TlsConfigError(f"tls_key {key} does not belong to the certificate in tls_cert {cert}") from None
-        raise TlsConfigError(f"tls_cert {cert} / tls_key {key}: {e.reason or e}") from None
-    except OSError as e:
-        raise TlsConfigError(f"tls_cert {cert} / tls_key {key}: {e.strerror or e}") from None
+    _load_chain(ctx, "tls", cert, key)
 
     if ca:
-        _read_pem("tls_ca", ca, b"-----BEGIN CERTIFICATE-----", "CA certificate")
-        try:
-            ctx.load_verify_locations(cafile=ca)
-        except (ssl.SSLError, OSError) as e:
-            raise TlsConfigError(f"tls_ca {ca}: {getattr(e, 'reason', None) or e}") from None
+        _load_ca(ctx, "tls_ca", ca)
         ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     else:
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def cluster_contexts(cert: str, key: str, ca: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts for node-to-node streams (`cluster_tls_*`). Nodes
+    are peers: both sides present `cert` and require the other's, signed by `ca`.
+    TLS 1.3 only (every node is meshd; no old client to wait for). Host names are not
+    checked: nodes reach each other at gossip addresses, and a certificate from the
+    cluster's CA is what makes a peer a member, so give the cluster a CA of its own."""
+    cert_pem = _read_pem("cluster_tls_cert", cert, b"-----BEGIN CERTIFICATE-----", "certificate")
+    _check_certificate("cluster_tls_cert", cert, cert_pem)
+    key_pem = _read_pem("cluster_tls_key", key, b"PRIVATE KEY-----", "private key")
+    _check_key("cluster_tls_key", key, key_pem)
+    contexts = []
+    for protocol in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        ctx = ssl.SSLContext(protocol)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_TICKET | ssl.OP_NO_RENEGOTIATION
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        _load_chain(ctx, "cluster_tls", cert, key)
+        _load_ca(ctx, "cluster_tls_ca", ca)
+        contexts.append(ctx)
+    return contexts[0], contexts[1]
+
+
+def _load_chain(ctx: ssl.SSLContext, prefix: str, cert: str, key: str) -> None:
+    """Load cert and key; errors name `<prefix>_cert`/`<prefix>_key`."""
+    try:
+        ctx.load_cert_chain(cert, key, password=_no_passphrase)
+    except TlsConfigError:
+        raise TlsConfigError(f"{prefix}_key {key}: the key is encrypted with a passphrase") from None
+    except ssl.SSLError as e:
+        text = f"{e.reason or ''} {e}".upper()
+        if "KEY_VALUES_MISMATCH" in text or "X509_CHECK_PRIVATE_KEY" in text:
+            raise TlsConfigError(f"{prefix}_key {key} does not belong to the certificate in {prefix}_cert {cert}") from None
+        raise TlsConfigError(f"{prefix}_cert {cert} / {prefix}_key {key}: {e.reason or e}") from None
+    except OSError as e:
+        raise TlsConfigError(f"{prefix}_cert {cert} / {prefix}_key {key}: {e.strerror or e}") from None
+
+
+def _load_ca(ctx: ssl.SSLContext, setting: str, ca: str) -> None:
+    _read_pem(setting, ca, b"-----BEGIN CERTIFICATE-----", "CA certificate")
+    try:
+        ctx.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as e:
+        raise TlsConfigError(f"{setting} {ca}: {getattr(e, 'reason', None) or e}") from None
 
 
 def peer_common_name(ssl_object: Any) -> str | None:

@@ -426,3 +426,20 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         assert got == [[n] for n in range(40)]
         assert sorted(acked) == list(range(40))
         nursery.cancel_scope.cancel()
+
+
+def test_routing_opens_no_socket_of_its_own() -> None:
+    """Links, route sync, forwarding, handoff and held replay reach the network only
+    through the gossip transport's StreamTransport (so the in-memory network carries
+    all of them): nothing in routing/ opens a connection or a socket."""
+    import pathlib
+
+    import routing
+
+    forbidden = ("open_tcp_stream", "open_tcp_listeners", "open_ssl_over_tcp", "trio.socket", "import socket",
+                 "socket.socket", "SocketStream")
+    root = pathlib.Path(routing.__file__).parent
+    sources = sorted(root.glob("*.py"))
+    assert len(sources) > 5
+    offenders = [(p.name, word) for p in sources for word in forbidden if word in p.read_text()]
+    assert offenders == []
