@@ -49,7 +49,7 @@ class Mesh(Protocol):
 
     def retained_targets(self) -> list[str]: ...
 
-    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> None: ...
+    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> int: ...
 
     def route_changed(self, topic_filter: str, present: bool) -> None: ...
 
@@ -424,8 +424,8 @@ class Broker:
                 else:
                     target.keep_retained = True
         matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
-        mesh.forward(msg, remote, gate)
-        return matched + len(remote)
+        held = mesh.forward(msg, remote, gate)  # a subscriber on an unreachable member still matched
+        return matched + len(remote) + held
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool) -> int:
         """A message another node forwarded here: deliver to local sessions only

@@ -402,22 +402,25 @@ class Cluster:
 
     # ------------------------------------------------------------- forwarding
 
-    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> None:
+    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> int:
         """Send `msg` to each target node once, and hold it for unreachable members whose
-        held routes match (the broker calls this through the port)."""
+        held routes match (the broker calls this through the port).  Returns how many
+        members it was held for."""
+        held = 0
         if self.held.members:
             now = self.clock.wall()
             for member in self.held.members_for(msg.topic):
                 if not self.held.members[member].returned:
                     if msg.qos:
                         self._hold(member, msg, now)
+                        held += 1
                 elif member in self.table.remote:
                     self.held.settle(member)  # its own routes are back
                 elif member not in targets:
                     # Back, but its routes are not here yet: the held ones still route.
                     targets[member] = ForwardTarget(True, [], False)
         if not targets:
-            return
+            return held
         data = records.message_map(msg)
         for node, target in targets.items():
             wire = forwarded_to_wire(data, target.plain, target.groups, target.keep_retained)
@@ -428,6 +431,7 @@ class Cluster:
                 self.forwarded_out += 1
             else:
                 self._release([item])
+        return held
 
     async def ask(self, peer: str, frame_type: str, fields: Fields, timeout: float) -> Frame:
         """One request over the link to `peer` and its reply; TooSlowError past `timeout`."""

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from routing.links import AckGate
     from session_store.model import Message
 
-Forward = Callable[["Message", "dict[str, ForwardTarget]", "AckGate | None"], None]
+# Returns how many unreachable members the message was held for (they count as matched).
+Forward = Callable[["Message", "dict[str, ForwardTarget]", "AckGate | None"], int]
 
 
 class Members(Protocol):
@@ -45,8 +46,9 @@ class ConnectClaims(Protocol):
     async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str: ...
 
 
-def _no_forward(msg: "Message", targets: "dict[str, ForwardTarget]", gate: "AckGate | None") -> None:
+def _no_forward(msg: "Message", targets: "dict[str, ForwardTarget]", gate: "AckGate | None") -> int:
     """Before the cluster registers its own: the route table is empty, so no forward has a target."""
+    return 0
 
 
 def _no_session(client_id: str) -> None:

@@ -40,9 +40,10 @@ from clock import TrioClock
 from gossip.service import GossipService
 from gossip.memory_network import MemoryNetwork, MemoryTransport
 from mesh.compose import build_node
-from mesh.config import load_settings
+from mesh.config import Settings, load_settings
 from mesh.http_api import Request
 from mesh.node import Node
+from mqtt import Will
 from routing.cluster import Cluster
 from session_store.store import MemoryDisk, MemoryStore, SessionStore
 from simulation.events import SimEvent
@@ -94,7 +95,7 @@ class _Machine:
     """What outlives one process of a node: its id, settings, disk and clock."""
 
     node_id: str
-    settings: Any  # mesh.config.Settings
+    settings: Settings
     clock: SkewedClock
     disk: MemoryDisk | None  # None: RocksDB in the data dir
     starts: int = 0
@@ -327,13 +328,13 @@ class SimCluster:
 
     async def connect(self, node_id: str, client_id: str, *, clean_start: bool = True, session_expiry: int = 0,
                       protocol: int = 5, keepalive: int = 60, receive_maximum: int | None = None,
-                      ack_delay: float = 0.0) -> SimClient:
+                      ack_delay: float = 0.0, will: Will | None = None) -> SimClient:
         """A new client connected to `node_id` (see `SimClient.connect`)."""
         client = SimClient(client_id, dial=self._dial, nursery=self._nursery, clock=self.clock, emit=self.emit,
                            protocol=protocol, keepalive=keepalive, ack_delay=ack_delay)
         self.clients[client_id] = client
         return await client.connect(node_id, clean_start=clean_start, session_expiry=session_expiry,
-                                    receive_maximum=receive_maximum)
+                                    receive_maximum=receive_maximum, will=will)
 
     def _dial(self, node_id: str, client_id: str) -> Pipe:
         machine = self._machines[node_id]

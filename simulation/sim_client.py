@@ -37,6 +37,7 @@ from mqtt import (
     Subscription,
     Unsuback,
     Unsubscribe,
+    Will,
     encode,
 )
 from simulation.events import Emit
@@ -113,7 +114,7 @@ class SimClient:
     # ------------------------------------------------------------------ connecting
 
     async def connect(self, node_id: str, *, clean_start: bool = True, session_expiry: int = 0,
-                      receive_maximum: int | None = None) -> "SimClient":
+                      receive_maximum: int | None = None, will: Will | None = None) -> "SimClient":
         """Open a connection to `node_id` and wait for the CONNACK (refused ones too:
         see `connack_reason`). Raises NodeDown when the node is not running and
         ConnectionLost when the connection ends before the CONNACK."""
@@ -130,7 +131,7 @@ class SimClient:
             if self.protocol == 5 else Properties()
         waiter = self._waiter("connack", 0)
         self._nursery.start_soon(self._reader, self._end, self._connection)
-        self._send(Connect(self.client_id, clean_start=clean_start, keep_alive=self.keepalive,
+        self._send(Connect(self.client_id, clean_start=clean_start, keep_alive=self.keepalive, will=will,
                            properties=props, protocol_level=self.protocol))
         self._emit("connect", client=self.client_id, node=node_id, clean_start=clean_start,
                    session_expiry=session_expiry)
@@ -148,12 +149,12 @@ class SimClient:
         return self
 
     async def reconnect(self, node_id: str, *, clean_start: bool = False, session_expiry: int = 0,
-                        receive_maximum: int | None = None) -> "SimClient":
+                        receive_maximum: int | None = None, will: Will | None = None) -> "SimClient":
         """Connect again (to any node), keeping what was received and the QoS 2 state."""
         if self.connected:
             await self.drop()
         return await self.connect(node_id, clean_start=clean_start, session_expiry=session_expiry,
-                                  receive_maximum=receive_maximum)
+                                  receive_maximum=receive_maximum, will=will)
 
     # ------------------------------------------------------------------ operations
 

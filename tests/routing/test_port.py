@@ -75,7 +75,12 @@ def test_a_publish_is_forwarded_through_the_registered_handler() -> None:
     table = RouteTable("A", 1)
     port = MeshPort(table, gossip)
     forwards: list[tuple[str, dict[str, ForwardTarget], AckGate | None]] = []
-    port.on_forward(lambda msg, targets, gate: forwards.append((msg.topic, targets, gate)))
+
+    def forward(msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> int:
+        forwards.append((msg.topic, targets, gate))
+        return 0
+
+    port.on_forward(forward)
     peer = RouteTable("B", 1)
     delta = peer.local_changes([("a/#", True)])
     assert delta is not None

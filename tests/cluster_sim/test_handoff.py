@@ -1,0 +1,234 @@
+"""Session handoff on the simulator: a persistent client reconnects to another node and
+finds its whole session there, whatever else is going on."""
+
+from __future__ import annotations
+
+import trio
+
+from simulation.cluster import SimCluster
+from simulation.sim_client import SimClient
+from tests.cluster_sim.helpers import check_stream, metrics, numbers, sim, status, wait_route
+
+EXPIRY = 3600
+
+
+async def subscribed_then_offline(c: SimCluster, node_id: str, client_id: str, topic_filter: str,
+                                  qos: int = 1) -> SimClient:
+    """A persistent v5 client that subscribes on `node_id`, waits until every node
+    routes the filter there, and disconnects: its session waits on that node."""
+    sub = await c.connect(node_id, client_id, clean_start=False, session_expiry=EXPIRY)
+    await sub.subscribe(topic_filter, qos)
+    await wait_route(c, topic_filter, {node_id})
+    await sub.disconnect()
+    return sub
+
+
+async def sessions(c: SimCluster, node_id: str) -> int:
+    count = (await status(c, node_id))["sessions"]
+    assert isinstance(count, int)
+    return count
+
+
+def test_offline_queue_moves_to_the_node_the_client_reconnects_to() -> None:
+    async def scenario(c: SimCluster) -> None:
+        sub = await subscribed_then_offline(c, "n0", "mover", "move/#")
+        pub = await c.connect("n2", "pub-c")
+        for i in range(50):
+            await pub.publish(f"move/{i}", str(i).encode(), qos=1)
+        await sub.reconnect("n1", session_expiry=EXPIRY)
+        assert sub.session_present
+        await c.wait_for(lambda: len(sub.received) >= 50, 10, "the 50 queued messages")
+        assert numbers(sub.received) == list(range(50))
+        # The routes followed the session; n0 kept nothing.
+        await wait_route(c, "move/#", {"n1"})
+        await pub.publish("move/after", b"after", qos=1)
+        await c.wait_for(lambda: len(sub.received) == 51, 5, "the message after the move")
+        await c.run_for(1.0)
+        assert sub.payloads()[50:] == [b"after"]
+        assert await sessions(c, "n0") == 0
+        assert 'meshd_handoffs_total{outcome="taken"} 1' in await metrics(c, "n1")
+        assert 'meshd_handoffs_total{outcome="given"} 1' in await metrics(c, "n0")
+        assert 'meshd_handoff_duration_ms{quantile="0.5"}' in await metrics(c, "n1")
+
+    sim(scenario)
+
+
+def test_a_v311_persistent_session_moves_too() -> None:
+    async def scenario(c: SimCluster) -> None:
+        sub = await c.connect("n0", "old-school", clean_start=False, protocol=4)
+        await sub.subscribe("v3/#", 2)
+        await wait_route(c, "v3/#", {"n0"})
+        await sub.disconnect()
+        pub = await c.connect("n2", "pub-v3", protocol=4)
+        for i in range(10):
+            assert await pub.publish("v3/x", str(i).encode(), qos=2) == 0
+        await sub.reconnect("n1")
+        assert sub.session_present
+        await c.wait_for(lambda: len(sub.received) >= 10, 10, "the 10 queued messages")
+        assert numbers(sub.received) == list(range(10))
+        await wait_route(c, "v3/#", {"n1"})
+
+    sim(scenario)
+
+
+async def steady_publisher(c: SimCluster, pub: SimClient, qos: int, rate: float, stop: trio.Event,
+                           sent: dict[int, int]) -> None:
+    """`q<qos>:<n>` at a steady rate until `stop`; counts the acknowledged messages."""
+    n = 0
+    while not stop.is_set():
+        assert await pub.publish(f"steady/q{qos}", f"{qos}:{n}".encode(), qos=qos) == 0
+        n += 1
+        sent[qos] = n
+        await trio.sleep(1 / rate)
+
+
+def test_reconnects_across_nodes_while_publishing_lose_nothing() -> None:
+    async def scenario(c: SimCluster) -> None:
+        sub = await c.connect("n0", "roamer", clean_start=False, session_expiry=EXPIRY)
+        await sub.subscribe("steady/#", 2)
+        await wait_route(c, "steady/#", {"n0"})
+        pubs = [await c.connect("n2", f"steady-{q}") for q in (1, 2)]
+        stop = trio.Event()
+        sent: dict[int, int] = {}
+        async with trio.open_nursery() as nursery:
+            for q, pub in zip((1, 2), pubs):
+                nursery.start_soon(steady_publisher, c, pub, q, 150.0, stop, sent)
+            # One client throughout, as a real device keeps its session state (QoS 2
+            # messages it acknowledged with PUBREC are delivered on the PUBREL it gets later).
+            for hop in ("n1", "n0", "n2"):
+                await c.run_for(0.7)
+                await sub.disconnect()
+                await sub.reconnect(hop, session_expiry=EXPIRY)
+                assert sub.session_present, f"no session on {hop}"
+            await c.run_for(0.5)
+            stop.set()
+
+        def complete() -> bool:
+            return all(len({m.payload for m in sub.messages(f"steady/q{q}")}) == sent[q] for q in (1, 2))
+
+        await c.wait_for(complete, 15, "every message")
+        for q in (1, 2):
+            check_stream(sub.messages(f"steady/q{q}"), q, sent[q])
+        assert min(sent.values()) > 100
+
+    sim(scenario)
+
+
+def test_owner_killed_during_reconnect_then_its_copy_is_merged_when_it_returns() -> None:
+    async def scenario(c: SimCluster) -> None:
+        sub = await subscribed_then_offline(c, "n0", "survivor", "kill/#")
+        pub = await c.connect("n2", "pub-kill")
+        for i in range(20):
+            assert await pub.publish(f"kill/{i}", f"old:{i}".encode(), qos=1) == 0  # on n0's disk
+        await c.kill("n0")
+        started = c.clock.now()
+        await sub.reconnect("n1", session_expiry=EXPIRY)
+        assert c.clock.now() - started < 8, "CONNACK took too long"
+        assert not sub.session_present  # documented: the owner is gone, no copy here
+        await sub.subscribe("kill/#", 1)
+        await wait_route(c, "kill/#", {"n1"}, nodes=["n1", "n2"])
+        await pub.publish("kill/new", b"new", qos=1)
+        await c.wait_for(lambda: sub.payloads() == [b"new"], 5, "the new message")
+        # n0 comes back on its store: its copy is merged into n1's session, nothing is lost.
+        await c.restart("n0")
+        await c.wait_for(lambda: len(sub.received) >= 21, 30, "the 20 old messages")
+        assert sub.payloads()[1:] == [f"old:{i}".encode() for i in range(20)]  # in order
+        await c.wait_for(lambda: not c.running("n0").broker.sessions, 10, "n0 forgot its copy")
+
+    sim(scenario)
+
+
+def test_concurrent_connects_on_two_nodes_leave_exactly_one() -> None:
+    async def scenario(c: SimCluster) -> None:
+        await subscribed_then_offline(c, "n0", "twin", "twin/#")
+        twins: dict[str, SimClient] = {}
+
+        async def connect(node_id: str) -> None:
+            twins[node_id] = await c.connect(node_id, "twin", clean_start=False, session_expiry=EXPIRY)
+
+        async with trio.open_nursery() as nursery:
+            for n in ("n1", "n2"):
+                nursery.start_soon(connect, n)
+        await c.run_for(2.0)
+        kicked = {n: t.disconnect_reason for n, t in twins.items() if t.disconnect_reason is not None}
+        assert len(kicked) == 1, kicked
+        loser, reason = kicked.popitem()
+        assert reason == 0x8E  # session taken over
+        winner = "n1" if loser == "n2" else "n2"
+        # One session, on the winner; the routes say so everywhere.
+        await wait_route(c, "twin/#", {winner})
+        for n in c.node_ids:
+            assert await sessions(c, n) == (1 if n == winner else 0), n
+        pub = await c.connect("n0", "twin-pub")
+        await pub.publish("twin/x", b"one", qos=1)
+        await c.wait_for(lambda: bool(twins[winner].received), 5, "the winner's message")
+        await c.run_for(1.0)
+        assert twins[winner].payloads() == [b"one"]
+        assert not twins[loser].received
+
+    sim(scenario)
+
+
+def test_a_clean_connect_elsewhere_kicks_the_old_connection() -> None:
+    async def scenario(c: SimCluster) -> None:
+        old = await c.connect("n0", "kickme", clean_start=False, session_expiry=EXPIRY)
+        await old.subscribe("kick/#", 1)
+        await wait_route(c, "kick/#", {"n0"})
+        new = await c.connect("n1", "kickme")  # clean start: the old session is void
+        assert not new.session_present
+        await c.wait_for(lambda: old.disconnect_reason is not None, 10, "the old connection kicked")
+        assert old.disconnect_reason == 0x8E
+        await wait_route(c, "kick/#", set())
+        await c.wait_for(lambda: not c.running("n0").broker.sessions, 10, "n0 dropped the session")
+
+    sim(scenario)
+
+
+def test_a_flapping_client_leaks_nothing() -> None:
+    async def scenario(c: SimCluster) -> None:
+        sub = await c.connect("n0", "flapper", clean_start=False, session_expiry=EXPIRY)
+        await sub.subscribe("steady/#", 1)
+        await wait_route(c, "steady/#", {"n0"})
+        pub = await c.connect("n2", "flap-pub")
+        stop = trio.Event()
+        sent: dict[int, int] = {}
+        hops = ("n1", "n2", "n0") * 34
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(steady_publisher, c, pub, 1, 100.0, stop, sent)
+            for i, hop in enumerate(hops[:100]):
+                await sub.disconnect()
+                await sub.reconnect(hop, session_expiry=EXPIRY)
+                assert sub.session_present, f"no session on {hop} (hop {i})"
+            stop.set()
+        await pub.disconnect()
+        last = hops[99]
+        await c.wait_for(lambda: len({m.payload for m in sub.received}) >= sent[1], 15, "every message")
+        check_stream(sub.received, 1, sent[1])
+        await wait_route(c, "steady/#", {last})
+        for n in c.node_ids:
+            want = 1 if n == last else 0
+            await c.wait_for(lambda n=n, want=want: len(c.running(n).broker.sessions) == want, 10,
+                             f"{n} holds {want} sessions")
+        # Nothing of the moves is left behind: no held queues, no open handoffs.
+        for n in c.node_ids:
+            assert not c.cluster(n).held.members, n
+
+    sim(scenario)
+
+
+def test_a_silent_third_node_does_not_stop_a_handoff() -> None:
+    """n2 is cut off (not yet known dead): its fence and flush time out, the move goes on."""
+
+    async def scenario(c: SimCluster) -> None:
+        sub = await subscribed_then_offline(c, "n0", "patient", "patient/#")
+        pub = await c.connect("n0", "pub-patient")
+        for i in range(5):
+            await pub.publish("patient/x", str(i).encode(), qos=1)
+        c.cut(["n2"], ["n0", "n1"])
+        started = c.clock.now()
+        await sub.reconnect("n1", session_expiry=EXPIRY)
+        assert sub.session_present and c.clock.now() - started < 5
+        await c.wait_for(lambda: len(sub.received) >= 5, 5, "the 5 queued messages")
+        assert numbers(sub.received) == list(range(5))
+
+    sim(scenario)
