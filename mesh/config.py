@@ -365,7 +365,7 @@ class Settings:
     allow_publish_during_netsplit: bool = _setting(True, Bool(), "accept PUBLISHes while this node is on the minority side of a partition (off: PUBACK/PUBREC 0x83 on v5, dropped on v3)")
     trace: bool = _setting(True, Bool(), "write convergence traces to DATA_DIR/traces")
     log_level: str = _setting("info", Str(choices=("debug", "info", "warning", "error"), metavar="LEVEL"), "log level")
-    max_keepalive: int = _setting(65535, Int(0, 65535, "seconds"), "largest keep alive granted; v5 clients asking for more get Server Keep Alive")
+    max_keepalive: int = _setting(65535, Int(0, 65535, "seconds"), "largest keep alive granted; v5 clients asking for more (or 0) get it as Server Keep Alive; MQTT 3.1/3.1.1 clients asking for more (or 0) are refused with CONNACK return code 2, as 3.1.1 cannot carry it (65535: no maximum)")
     max_packet_size: int = _setting(1048576, Int(16, 268435460, "bytes"), "largest MQTT packet accepted")
     receive_maximum: int = _setting(1024, Int(1, 65535), "inbound QoS 1/2 window per client")
     max_inflight: int = _setting(32, Int(1, 65535), "outbound QoS 1/2 window per client (min with the client's receive maximum)")

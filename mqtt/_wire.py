@@ -94,6 +94,14 @@ class Reader:
             )
 
 
+def decode_utf8_with_nul(raw: bytes) -> str:
+    """Well-formed UTF-8 without surrogates; U+0000 left for the caller to judge."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacket("string is not well-formed UTF-8") from None
+
+
 def decode_utf8(raw: bytes) -> str:
     """UTF-8 string per [MQTT-1.5.4]: well-formed, no surrogates, no U+0000."""
     try:

@@ -65,6 +65,9 @@ _SERVER_RECEIVES = frozenset({1, 3, 4, 5, 6, 7, 8, 10, 12, 14, 15})
 _CLIENT_RECEIVES = frozenset({2, 3, 4, 5, 6, 7, 9, 11, 13, 14, 15})
 # Required fixed-header flags of every type but PUBLISH [MQTT-2.1.3-1].
 _FIXED_FLAGS = (None, 0, 0, None, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
+# MQTT 3.1 gives PUBREL, SUBSCRIBE and UNSUBSCRIBE a DUP flag that its clients set on a
+# resend (fixed header 0x6A for PUBREL); 3.1.1 made the flags fixed [MQTT-2.1.3-1].
+_V31_DUP_TYPES = frozenset({6, 8, 10})
 _PACKET_NAMES = (
     "reserved(0)", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL",
     "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ", "PINGRESP",
@@ -227,7 +230,7 @@ class Decoder:
                 raise MalformedPacket("QoS 0 PUBLISH with DUP set [MQTT-3.3.1-2]")
         elif ptype == 0:
             raise MalformedPacket("reserved packet type 0")
-        elif flags != _FIXED_FLAGS[ptype]:
+        elif flags != _FIXED_FLAGS[ptype] and not (flags == 0x0A and ptype in _V31_DUP_TYPES and self.protocol_level == 3):
             raise MalformedPacket(
                 f"{_PACKET_NAMES[ptype]} with reserved flag bits 0x{flags:X} [MQTT-2.1.3-1]"
             )

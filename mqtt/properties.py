@@ -15,6 +15,7 @@ from ._wire import (
     MAX_VARINT,
     Reader,
     decode_utf8,
+    decode_utf8_with_nul,
     encode_binary,
     encode_u16,
     encode_u32,
@@ -150,22 +151,42 @@ def decode_properties(r: Reader, kind: str) -> Properties:
     # name -> value, each read by its identifier's type (_BY_ID), so Properties(**values)
     # gets what its fields say; mypy cannot follow that table, hence Any here.
     values: dict[str, Any] = {}
-    user: list[tuple[str, str]] = []
+    user: list[bytes] = []  # raw names and values of the user properties, in order
+    add_user = user.append
     sub_ids: list[int] = []
     data = r.data
     while r.pos < end:
         pid = data[r.pos]
         r.pos += 1
+        if pid == _USER_PROPERTY and pid in allowed:
+            # A client may send thousands, one after another: slice them in this tight
+            # loop, decode all of them at once below.
+            pos = r.pos
+            while True:
+                if pos + 2 > end:
+                    raise MalformedPacket("packet ends early (user property name expected)")
+                value_at = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+                if value_at + 2 > end:
+                    raise MalformedPacket("packet ends early (user property value expected)")
+                stop = value_at + 2 + ((data[value_at] << 8) | data[value_at + 1])
+                if stop > end:
+                    raise MalformedPacket("packet ends early (data shorter than its length says)")
+                add_user(data[pos + 2 : value_at])
+                add_user(data[value_at + 2 : stop])
+                if stop < end and data[stop] == _USER_PROPERTY:
+                    pos = stop + 1
+                    continue
+                break
+            r.pos = stop
+            continue
         spec = _BY_ID.get(pid)
         if spec is None:
             # Identifiers are varints, but every defined one fits one byte.
             raise MalformedPacket(f"unknown property identifier 0x{pid:02X}")
         name, typ = spec
         if pid not in allowed:
-            raise ProtocolError(f"property {name} is not allowed in {kind}")
-        if typ == _PAIR:
-            user.append((r.utf8(), r.utf8()))
-            continue
+            # 2.2.2.2: an identifier not valid for its packet type makes a Malformed Packet.
+            raise MalformedPacket(f"property {name} is not allowed in {kind}")
         if typ == _VARINT:
             value: object = r.varint()
         elif typ == _BYTE:
@@ -193,10 +214,22 @@ def decode_properties(r: Reader, kind: str) -> Properties:
         values[name] = value
     r.end = outer_end
     if user:
-        values["user_properties"] = tuple(user)
+        values["user_properties"] = _decode_user_properties(user)
     if sub_ids:
         values["subscription_identifiers"] = tuple(sub_ids)
     return Properties(**values)
+
+
+def _decode_user_properties(raw: list[bytes]) -> tuple[tuple[str, str], ...]:
+    """Names and values (alternating) as UTF-8 strings [MQTT-1.5.4], in one decode: the
+    pieces joined by NUL, which no multi-byte sequence can span, decode as a whole
+    exactly when each piece does; a NUL too many means a piece held U+0000. Linear in
+    the section's size, with a per-property cost of a few slices (issue 21, item 8)."""
+    text = decode_utf8_with_nul(b"\x00".join(raw))
+    if text.count("\x00") != len(raw) - 1:
+        raise MalformedPacket("string contains U+0000")
+    strings = iter(text.split("\x00"))
+    return tuple(zip(strings, strings))
 
 
 _EMPTY_SECTION = b"\x00"

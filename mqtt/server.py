@@ -68,7 +68,7 @@ class ServerSettings:
     receive_maximum: int = 1024  # inbound QoS 2 exchanges at once (MQTT-3.3.4-9)
     max_packet_size: int = 1048576  # largest packet a client may send, header included
     topic_alias_maximum: int = 64  # aliases a client may set towards us
-    max_keepalive: int = 65535  # longer keep alives are cut down (v5: Server Keep Alive)
+    max_keepalive: int = 65535  # v5: longer keep alives are cut down (Server Keep Alive); 3.1/3.1.1: refused (65535: no maximum)
     retain_available: bool = True
     max_inflight: int = 32  # outbound QoS 1/2 window, lowered by a v5 client's receive maximum
     connect_timeout: float = 10.0  # seconds from the connection to its CONNECT (MQTT-3.1.0-1 leaves it to us)
@@ -294,12 +294,19 @@ class ServerConnection:
             return self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
         if c.will is not None and c.will.retain and not self.settings.retain_available:
             return self._refuse(ReasonCode.RETAIN_NOT_SUPPORTED, "retained will, retain not available")
-        self.will = c.will
-        self._connect = c
         keep_alive = c.keep_alive
         max_keepalive = self.settings.max_keepalive
+        over_max = keep_alive > max_keepalive or (keep_alive == 0 and max_keepalive < 65535)
+        if over_max and level < 5:
+            # 3.1/3.1.1 cannot carry the server's keep alive: refuse with return code 2
+            # (identifier rejected), as Mosquitto does, rather than let it hold longer.
+            return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                                f"keep alive {keep_alive} s is above the server's maximum {max_keepalive} s"
+                                if keep_alive else f"keep alive 0 (none); the server's maximum is {max_keepalive} s")
+        self.will = c.will
+        self._connect = c
         if level == 5:
-            if keep_alive > max_keepalive or (keep_alive == 0 and max_keepalive < 65535):
+            if over_max:
                 keep_alive = max_keepalive  # MQTT-3.2.2-21: told in Server Keep Alive
             self._session_expiry = props.session_expiry_interval or 0
             if props.receive_maximum is not None:

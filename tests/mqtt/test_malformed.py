@@ -89,6 +89,10 @@ CASES = [
     ("remaining-length-not-minimal", S, 4, b"\x30\x80\x00", M, "minimally"),
     ("packet-type-0", S, 4, b"\x00\x00", M, "reserved packet type"),
     ("pubrel-flags-0", S, 4, pkt(0x60, u16(1)), M, "reserved flag bits"),
+    # 3.1's DUP on a resent PUBREL (0x6A) is for level 3 only; 3.1.1 and 5.0 fix the flags.
+    ("pubrel-dup-v311", S, 4, pkt(0x6A, u16(1)), M, "reserved flag bits"),
+    ("pubrel-dup-v5", S, 5, pkt(0x6A, u16(1)), M, "reserved flag bits"),
+    ("pubrel-other-flags-v31", S, 3, pkt(0x6E, u16(1)), M, "reserved flag bits"),
     ("subscribe-flags-0", S, 4, b"\x80" + subscribe([("a", 0)], 4)[1:], M, "reserved flag bits"),
     ("unsubscribe-flags-3", S, 4, b"\xa3" + unsubscribe(["a"], 4)[1:], M, "reserved flag bits"),
     ("puback-flags", S, 4, pkt(0x42, u16(1)), M, "reserved flag bits"),
@@ -140,12 +144,20 @@ CASES = [
     # --- properties
     ("prop-unknown-id", S, 5, publish5("t", props(b"\x7f\x00")), M, "unknown property"),
     ("prop-unknown-id-0", S, 5, publish5("t", props(b"\x00")), M, "unknown property"),
-    ("prop-not-allowed-topic-alias-in-connect", S, None, connect(level=5, cprops=props(b"\x23" + u16(1))), P, "not allowed in CONNECT"),
-    ("prop-not-allowed-will-delay-in-publish", S, 5, publish5("t", props(b"\x18" + bytes(4))), P, "not allowed in PUBLISH"),
+    # 2.2.2.2: an identifier not valid for its packet type is a Malformed Packet (0x81),
+    # in every packet type (Mosquitto 2.0.11 answers 0x81 too).
+    ("prop-not-allowed-topic-alias-in-connect", S, None, connect(level=5, cprops=props(b"\x23" + u16(1))), M, "not allowed in CONNECT"),
+    ("prop-not-allowed-will-delay-in-publish", S, 5, publish5("t", props(b"\x18" + bytes(4))), M, "not allowed in PUBLISH"),
     ("prop-not-allowed-reason-string-in-subscribe", S, 5,
-     pkt(0x82, u16(1) + props(b"\x1f" + s("r")) + s("a") + b"\x00"), P, "not allowed in SUBSCRIBE"),
+     pkt(0x82, u16(1) + props(b"\x1f" + s("r")) + s("a") + b"\x00"), M, "not allowed in SUBSCRIBE"),
     ("prop-not-allowed-in-will", S, None,
-     connect(level=5, flags=0x06, body=s("c") + props(b"\x11" + bytes(4)) + s("w") + s("x")), P, "not allowed in WILL"),
+     connect(level=5, flags=0x06, body=s("c") + props(b"\x11" + bytes(4)) + s("w") + s("x")), M, "not allowed in WILL"),
+    ("prop-session-expiry-in-publish", S, 5, publish5("t", props(b"\x11" + bytes(4))), M, "not allowed in PUBLISH"),
+    ("prop-session-expiry-in-subscribe", S, 5,
+     pkt(0x82, u16(1) + props(b"\x11" + bytes(4)) + s("a") + b"\x00"), M, "not allowed in SUBSCRIBE"),
+    ("prop-session-expiry-in-unsubscribe", S, 5,
+     pkt(0xA2, u16(1) + props(b"\x11" + bytes(4)) + s("a")), M, "not allowed in UNSUBSCRIBE"),
+    ("prop-session-expiry-in-puback", S, 5, pkt(0x40, u16(1) + b"\x00" + props(b"\x11" + bytes(4))), M, "not allowed in PUBACK"),
     ("prop-duplicate", S, 5, publish5("t", props(b"\x02" + bytes(4), b"\x02" + bytes(4))), P, "appears twice"),
     ("prop-duplicate-content-type", S, 5, publish5("t", props(b"\x03" + s("a"), b"\x03" + s("a"))), P, "appears twice"),
     ("prop-receive-maximum-0", S, None, connect(level=5, cprops=props(b"\x21" + u16(0))), P, "receive_maximum must not be 0"),
@@ -284,6 +296,16 @@ def test_duplicate_user_properties_and_several_subscription_ids_are_fine():
     packet = decoder.next_packet()
     assert packet.properties.user_properties == (("k", "v"), ("k", "v"))
     assert packet.properties.subscription_identifiers == (1, 2)
+
+
+@pytest.mark.parametrize("first", [0x6A, 0x8A, 0xAA])
+def test_v31_dup_flag_on_pubrel_subscribe_unsubscribe_is_accepted(first):
+    """MQTT 3.1 sets DUP on a resent PUBREL, SUBSCRIBE or UNSUBSCRIBE (3.1 section 3.6)."""
+    body = {0x6A: u16(7), 0x8A: u16(7) + s("a") + b"\x00", 0xAA: u16(7) + s("a")}[first]
+    decoder = Decoder(role="server", protocol_level=3)
+    decoder.feed(pkt(first, body))
+    packet = decoder.next_packet()
+    assert packet is not None and packet.packet_id == 7
 
 
 def test_packet_too_large_after_only_the_fixed_header():

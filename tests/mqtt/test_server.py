@@ -279,6 +279,21 @@ def test_qos2_retransmission_is_not_routed_twice_and_pubrel_of_an_unknown_id():
                            Pubcomp(packet_id=8, reason_code=ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)]
 
 
+def test_v31_resent_pubrel_with_dup_is_completed():
+    """A 3.1 client sets DUP on a resent PUBREL (0x6A): the exchange completes."""
+    data = wire(3, connect(3), Publish(topic="a", payload=b"x", qos=2, packet_id=9)) + b"\x6a\x02\x00\x09"
+    script = assert_same_at_every_split(data)
+    assert script.events[-1] == PublishReleased(9, True)
+    assert [type(p) for p in script.replies()] == [Connack, Pubrec, Pubcomp]
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_pubrel_with_dup_is_malformed_from_311_on(level):
+    data = wire(level, connect(level), Publish(topic="a", payload=b"x", qos=2, packet_id=9)) + b"\x6a\x02\x00\x09"
+    script = assert_same_at_every_split(data)
+    assert last_reason(script) == ReasonCode.MALFORMED_PACKET
+
+
 def test_a_refused_qos2_publish_does_not_wait_for_pubrel():
     conn = play(wire(5, connect())).conn
     conn.receive_data(wire(5, Publish(topic="q", qos=2, packet_id=5)), 0.0)
@@ -415,9 +430,24 @@ def test_v5_keep_alive_is_capped_and_the_client_told(asked, granted, told):
     assert isinstance(connack, Connack) and connack.properties.server_keep_alive == told
 
 
-def test_v311_keep_alive_is_not_capped():
-    script = play(wire(4, connect(4, keep_alive=100)), ServerSettings(max_keepalive=30))
-    assert script.conn.keep_alive == 100
+@pytest.mark.parametrize("level", [3, 4])
+@pytest.mark.parametrize("asked", [0, 31, 100])
+def test_v3_keep_alive_above_the_maximum_is_refused_with_return_code_2(level, asked):
+    """3.1/3.1.1 have no Server Keep Alive: a longer keep alive (or none) would outlast
+    the operator's maximum, so the CONNECT is refused with 2 (identifier rejected), as
+    Mosquitto 2.0 does (handle_connect.c, max_keepalive)."""
+    script = assert_same_at_every_split(wire(level, connect(level, keep_alive=asked)), ServerSettings(max_keepalive=30))
+    assert last_reason(script) == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+    assert "maximum" in script.events[-1].message
+    assert bytes(script.sent) == b"\x20\x02\x00\x02"
+    assert script.conn.state is ServerState.CLOSED
+
+
+@pytest.mark.parametrize("level", [3, 4])
+def test_v3_keep_alive_within_the_maximum_or_without_one_is_kept(level):
+    assert play(wire(level, connect(level, keep_alive=30)), ServerSettings(max_keepalive=30)).conn.keep_alive == 30
+    assert play(wire(level, connect(level, keep_alive=0)), ServerSettings()).conn.keep_alive == 0
+    assert play(wire(level, connect(level, keep_alive=65535)), ServerSettings()).conn.keep_alive == 65535
 
 
 # ----------------------------------------------------------------- CONNECT and the versions
