@@ -86,7 +86,7 @@ class BrokerStats:
 
     __slots__ = (
         "messages_in", "messages_out", "bytes_in", "bytes_out", "dropped_queue_full",
-        "dropped_slow_consumer", "dropped_expired", "dropped_too_large", "connections_total",
+        "dropped_slow_consumer", "dropped_expired", "dropped_too_large", "dropped_reserved_topic", "connections_total",
         "protocol_errors", "retained_set", "window_full",
     )
 
@@ -99,6 +99,7 @@ class BrokerStats:
         self.dropped_slow_consumer = 0
         self.dropped_expired = 0
         self.dropped_too_large = 0
+        self.dropped_reserved_topic = 0  # client PUBLISHes to $SYS/ or $share/, never delivered
         self.connections_total = 0
         self.protocol_errors = 0
         self.retained_set = 0
@@ -196,6 +197,11 @@ class Broker:
 
         session = self.sessions.get(client_id)
         present = False
+        if session is not None and old is not None and old is not conn and session.expiry_interval == 0:
+            # The taken-over connection had a clean session: it lasts only as long as
+            # that connection [MQTT-3.1.2-6; v5 3.1.2.11.2], so it ended with it.
+            self._end_session(session, now, released=False, publish_pending_will=False)
+            session = None
         if session is not None and client_id not in self.connections:
             deadline = session.expires_at()
             if deadline is not None and deadline <= now:

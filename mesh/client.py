@@ -39,6 +39,9 @@ log = logging.getLogger("meshd.connection")
 
 OUTBOX_LIMIT = 4 * 1024 * 1024
 
+# Topics no client may publish to: the server's $SYS tree and shared-subscription names.
+_RESERVED_TOPIC_PREFIXES = ("$SYS/", "$share/")
+
 # Protocol violations that are a configured limit biting, counted per limit.
 _LIMIT_BY_REASON: dict[int, str] = {
     ReasonCode.PACKET_TOO_LARGE: "max_packet_size",
@@ -65,7 +68,7 @@ class Client:
     __slots__ = (
         "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
         "session", "acl", "acl_generation", "closing", "pending_connect", "_publish_bucket", "_rate_delay",
-        "_pending_acks",
+        "_pending_acks", "_holds_slot",
     )
 
     def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
@@ -90,6 +93,7 @@ class Client:
         self._rate_delay = 0.0  # seconds the reader pauses (publish_rate)
         # Acks waiting for a sync or a remote node, in order; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, bytes]] | None = None
+        self._holds_slot = False  # admitted: one of security's max_connections slots is ours
 
     # -------------------------------------------------------------- to the I/O side
 
@@ -112,6 +116,7 @@ class Client:
         if self.closing:
             return
         self.closing = True
+        self.release_slot()
         data = self.machine.close(reason)
         if data:
             self.write(data)
@@ -154,6 +159,7 @@ class Client:
                     assert self.session is not None
                     self.broker.set_expiry(self.session, event.properties.session_expiry_interval)
                 self.closing = True
+                self.release_slot()  # the client is gone as of now: its slot is free for its reconnect
             elif type(event) is Connect:
                 self.client_id, self.username = event.client_id, event.username
                 if not self.can_connect_now(event):
@@ -182,9 +188,10 @@ class Client:
 
     def can_connect_now(self, c: Connect) -> bool:
         """Whether no step of the handshake must await: no password hash to check (a
-        thread), no session to claim or fetch from another node."""
+        thread), no connection slot to wait for, no session to claim or fetch from
+        another node."""
         security = self.security
-        if security is not None and security.needs_hashing(c.username):
+        if security is not None and (security.needs_hashing(c.username) or security.at_capacity()):
             return False
         mesh = self.broker.mesh
         if mesh is None:
@@ -196,11 +203,19 @@ class Client:
         security = self.security
         if security is None:
             return True
-        refusal = security.admit(self.peer_ip, self.broker.client_count(), self.clock.now())
+        refusal = security.admit(self.peer_ip, self.clock.now())
         if refusal is not None:
             self.close(refusal)
             return False
+        self._holds_slot = True
         return True
+
+    def release_slot(self) -> None:
+        """The connection ended (or will, with nothing more read): give its slot back, once."""
+        if self._holds_slot:
+            self._holds_slot = False
+            assert self.security is not None
+            self.security.release()
 
     def authenticate_now(self, c: Connect) -> "AuthResult | None":
         security = self.security
@@ -358,6 +373,20 @@ class Client:
         machine = self.machine
         qos = p.qos
         pid = p.packet_id or 0
+        if p.topic.startswith(_RESERVED_TOPIC_PREFIXES):
+            # $SYS/ is the server's own; $share/ names a shared subscription, never a
+            # topic [MQTT-4.8.2]. Not delivered, counted; a v5 QoS 1/2 publisher is told
+            # 0x87 (as Mosquitto does), the others get the usual ack (3.1.1 has no way to refuse).
+            broker.stats.dropped_reserved_topic += 1
+            log.debug("%s: %s published to the reserved topic %r: dropped", self.peer, self.client_id, p.topic)
+            refused = ReasonCode.NOT_AUTHORIZED if machine.protocol_level == 5 else ReasonCode.SUCCESS
+            if qos == 1:
+                self.write(machine.puback(pid, refused))
+            elif qos == 2:
+                if refused == ReasonCode.SUCCESS and self.session is not None:
+                    broker.qos2_received(self.session, pid)  # its PUBREL ends the exchange
+                self.write(machine.pubrec(pid, refused))
+            return
         if self.security is not None:
             refusal = self._publish_refusal(p.topic)
             if refusal is not None:

@@ -170,6 +170,7 @@ class ClientConnection(Client):
         finally:
             self._reader_scope = None
             if not parked:
+                self.release_slot()
                 with trio.CancelScope(shield=True):
                     if self.session is not None:
                         self.broker.connection_lost(self, self.clock.wall(), publish_will=True)
@@ -222,6 +223,8 @@ class ClientConnection(Client):
         """The CONNECT's steps (`mesh.client`), awaiting where a step must: the password
         hash in a thread (scrypt costs ~0.1 s of CPU), the session claimed cluster-wide."""
         self.pending_connect = None
+        if self.security is not None and self.security.at_capacity():
+            await self.security.wait_for_slot()
         if not self.admit():
             return False
         result = None

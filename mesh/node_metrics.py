@@ -172,6 +172,7 @@ def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCoun
             "slow_consumer": stats.dropped_slow_consumer,
             "expired": stats.dropped_expired,
             "too_large_for_client": stats.dropped_too_large,
+            "reserved_topic": stats.dropped_reserved_topic,
         },
         ("reason",),
     )

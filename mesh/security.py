@@ -27,6 +27,10 @@ from mesh.tls import TlsConfigError, server_context
 log = logging.getLogger("meshd.security")
 
 WATCH_INTERVAL = 2.0
+# A CONNECT that finds every max_connections slot taken waits this long for one to
+# free before it is refused: a client that disconnects and reconnects at once may be
+# read in the other order (two sockets), and its DISCONNECT frees the slot it needs.
+SLOT_GRACE = 1.0
 LIMITS = ("max_connections", "connection_rate", "memory_limit", "max_subscriptions_per_client",
           "max_topic_levels", "publish_rate", "max_packet_size", "topic_alias_maximum", "receive_maximum")
 
@@ -72,6 +76,11 @@ class Security:
         self._file_generation = self.acl_file.generation
         self.acl_generation = 0  # bumped whenever the rules in force change
         self.acl_denied = {"publish": 0, "subscribe": 0}
+        # Connections admitted and not yet ended: counted at admission, before the
+        # handshake's awaits, and given back the moment the connection is known to end
+        # (its DISCONNECT, our close, or the socket's end), so never over the limit.
+        self.admitted = 0
+        self._slot_freed: trio.Event | None = None  # made while a CONNECT waits for a slot
 
     @staticmethod
     def _read_token(settings: Settings) -> str | None:
@@ -110,12 +119,32 @@ class Security:
         self.refused_during_netsplit[operation] += 1
         return True
 
-    def admit(self, peer_ip: str, connected: int, now: float) -> int | None:
-        """Before authentication: a v5 reason code to refuse the connection with, or None."""
+    def at_capacity(self) -> bool:
+        """Every max_connections slot is taken (a CONNECT now would wait for one)."""
+        return self.admitted >= self.settings.max_connections
+
+    async def wait_for_slot(self, grace: float = SLOT_GRACE) -> None:
+        """Return once a slot is free, or after `grace` seconds (then `admit` refuses)."""
+        with trio.move_on_after(grace):
+            while self.at_capacity():
+                if self._slot_freed is None:
+                    self._slot_freed = trio.Event()
+                await self._slot_freed.wait()
+
+    def release(self) -> None:
+        """An admitted connection ended: its slot is free."""
+        self.admitted -= 1
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+            self._slot_freed = None
+
+    def admit(self, peer_ip: str, now: float) -> int | None:
+        """Before authentication: a v5 reason code to refuse the connection with, or
+        None; then the connection holds a slot until `release`."""
         if self.refuse_during_netsplit("connect"):
             log.info("refused a connection from %s: netsplit (allow_connect_during_netsplit is off)", peer_ip)
             return 0x88  # server unavailable
-        if connected >= self.settings.max_connections:
+        if self.at_capacity():
             self.limits_hit["max_connections"] += 1
             log.warning("refused a connection from %s: max_connections (%d) reached", peer_ip, self.settings.max_connections)
             return 0x97  # quota exceeded
@@ -127,6 +156,7 @@ class Security:
             self.limits_hit["memory_limit"] += 1
             log.warning("refused a connection from %s: %s", peer_ip, self.memory.describe())
             return 0x89  # server busy
+        self.admitted += 1
         return None
 
     def needs_hashing(self, username: str | None) -> bool:

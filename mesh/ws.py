@@ -26,14 +26,19 @@ class WebSocketByteStream:
         self.ws = ws
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        try:
-            message = await self.ws.get_message()
-        except ConnectionClosed:
-            return b""
-        if isinstance(message, str):
-            log.info("%s: text WebSocket frame; MQTT needs binary frames, closing", self.ws.remote)
-            return b""
-        return message
+        """The next non-empty binary message; b"" only when the stream ends (a WebSocket
+        close, a closed socket, or a text frame). A control packet may span any number
+        of messages [MQTT-6.0.0-2], so an empty one is no end: MQTT.js sends one."""
+        while True:
+            try:
+                message = await self.ws.get_message()
+            except ConnectionClosed:
+                return b""
+            if isinstance(message, str):
+                log.info("%s: text WebSocket frame; MQTT needs binary frames, closing", self.ws.remote)
+                return b""
+            if message:
+                return message
 
     async def send_all(self, data: bytes) -> None:
         try:

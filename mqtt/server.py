@@ -497,6 +497,7 @@ class ServerConnection:
         when the packet is larger than the client accepts (MQTT-3.1.2-25: dropped as if
         delivered, its packet id freed)."""
         level = self.protocol_level
+        new_alias: tuple[str, int] | None = None  # set once the client is sure to see it
         if self.topic_alias_out_max and not dup and level == 5:
             if self._aliases is None:
                 self._aliases = _Aliases()
@@ -506,8 +507,8 @@ class ServerConnection:
                 properties = replace(properties, topic_alias=alias)
                 topic = ""
             elif len(aliases) < self.topic_alias_out_max:
-                alias = aliases[topic] = len(aliases) + 1
-                properties = replace(properties, topic_alias=alias)
+                new_alias = (topic, len(aliases) + 1)
+                properties = replace(properties, topic_alias=new_alias[1])
         if properties is EMPTY_PROPERTIES:
             data = encode_plain_publish(topic, payload, qos, retain, dup, packet_id if qos else None, level)
         else:
@@ -515,9 +516,13 @@ class ServerConnection:
                                   packet_id=packet_id if qos else None, properties=properties), level)
         limit = self.client_max_packet
         if limit is not None and len(data) > limit:
+            # Never sent, so an alias it would have set is not set [MQTT-3.1.2-25].
             if packet_id is not None:
                 self.release_packet_id(packet_id)
             return None
+        if new_alias is not None:
+            assert self._aliases is not None
+            self._aliases.outbound[new_alias[0]] = new_alias[1]
         return data
 
     def fits(self, data: bytes) -> bool:

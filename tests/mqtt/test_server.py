@@ -386,6 +386,18 @@ def test_outbound_packet_larger_than_the_client_takes_is_dropped_and_its_id_free
     assert conn.publish("t", b"x", 1, False, conn.allocate_packet_id()) is not None
 
 
+def test_a_packet_too_large_for_the_client_sets_no_topic_alias():
+    """MQTT-3.1.2-25: the dropped PUBLISH is never seen, so neither is the alias it
+    would have set: the next PUBLISH on that topic sets it (topic name and alias)."""
+    props = Properties(maximum_packet_size=20, topic_alias_maximum=5)
+    conn = play(wire(5, connect(properties=props))).conn
+    assert conn.publish("s/1", b"x" * 100, 1, False, conn.allocate_packet_id()) is None
+    first = only_packet(conn.publish("s/1", b"a", 1, False, conn.allocate_packet_id()), 5)
+    assert (first.topic, first.properties.topic_alias) == ("s/1", 1)
+    second = only_packet(conn.publish("s/1", b"b", 1, False, conn.allocate_packet_id()), 5)
+    assert (second.topic, second.properties.topic_alias) == ("", 1)
+
+
 # ----------------------------------------------------------------- time
 
 

@@ -1,0 +1,30 @@
+"""MQTT over WebSocket: only a close ends the stream, never an empty message
+(issue 21, item 1; MQTT-6.0.0-2: a control packet may span any number of messages)."""
+
+from __future__ import annotations
+
+import trio
+from trio_websocket import open_websocket_url
+
+from mqtt import Connect, Pingreq, encode
+
+
+async def _session(port: int) -> list[bytes]:
+    """CONNECT, an empty binary message, a PINGREQ split over two messages: the replies."""
+    replies = []
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/mqtt", subprotocols=["mqtt"]) as ws:
+        await ws.send_message(encode(Connect(client_id="ws-empty", clean_start=True, keep_alive=60, protocol_level=4), 4))
+        replies.append(await ws.get_message())
+        await ws.send_message(b"")  # what MQTT.js sends, clearing a retained message
+        ping = encode(Pingreq(), 4)
+        await ws.send_message(ping[:1])
+        await ws.send_message(b"")
+        await ws.send_message(ping[1:])
+        with trio.fail_after(5):
+            replies.append(await ws.get_message())
+    return replies
+
+
+def test_an_empty_websocket_message_does_not_end_the_connection(node):
+    replies = trio.run(_session, node.ports["ws"])
+    assert replies == [b"\x20\x02\x00\x00", b"\xd0\x00"]
