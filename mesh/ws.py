@@ -2,7 +2,7 @@
 
 MQTT 5 section 6: the client sends MQTT bytes in binary frames (a packet may span
 frames and a frame may hold several packets, so the decoder just sees bytes); a text
-frame closes the connection; the subprotocol is `mqtt`.
+frame closes the connection; the subprotocol is `mqtt` (`mqttv3.1` for 3.1 clients).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 log = logging.getLogger("meshd.ws")
 
 SUBPROTOCOL = "mqtt"
+SUBPROTOCOL_V31 = "mqttv3.1"  # what MQTT 3.1 clients ask for (MQTT.js, Paho JS); Mosquitto takes it too
 
 
 class WebSocketByteStream:
@@ -56,7 +57,8 @@ async def accept_mqtt(request: WebSocketRequest, path: str) -> WebSocketConnecti
         await request.reject(404, body=b"not an MQTT endpoint\n")
         return None
     proposed = request.proposed_subprotocols
-    if proposed and SUBPROTOCOL not in proposed:
+    chosen = next((p for p in (SUBPROTOCOL, SUBPROTOCOL_V31) if p in proposed), None)
+    if proposed and chosen is None:
         await request.reject(400, body=b"subprotocol 'mqtt' required\n")
         return None
-    return await request.accept(subprotocol=SUBPROTOCOL if proposed else None)
+    return await request.accept(subprotocol=chosen)

@@ -28,3 +28,14 @@ async def _session(port: int) -> list[bytes]:
 def test_an_empty_websocket_message_does_not_end_the_connection(node):
     replies = trio.run(_session, node.ports["ws"])
     assert replies == [b"\x20\x02\x00\x00", b"\xd0\x00"]
+
+
+async def _handshake(port: int, subprotocol: str) -> str | None:
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/mqtt", subprotocols=[subprotocol]) as ws:
+        return ws.subprotocol
+
+
+def test_mqtt31_clients_get_their_websocket_subprotocol(node):
+    """MQTT 3.1 clients (MQTT.js with protocolVersion 3, Paho JS) ask for `mqttv3.1`."""
+    assert trio.run(_handshake, node.ports["ws"], "mqttv3.1") == "mqttv3.1"
+    assert trio.run(_handshake, node.ports["ws"], "mqtt") == "mqtt"

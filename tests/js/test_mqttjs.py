@@ -1,0 +1,63 @@
+"""MQTT.js (npm `mqtt`) under Node against a real meshd process over ws:// (issue 21,
+"Done when"): connect, publish a retained message, clear it with an empty retained
+publish (an empty WebSocket message on the wire), and keep the connection.
+
+MQTT.js comes from `scripts/test`, which runs `npm ci` here (tests/js/package.json and
+package-lock.json; node_modules is git-ignored)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import MeshdProcess, free_port
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "retained_clear.js"
+
+
+def node_with_mqttjs() -> str:
+    node = shutil.which("node")
+    assert node is not None, "Node.js is needed: scripts/test installs it"
+    assert (HERE / "node_modules" / "mqtt").is_dir(), "MQTT.js is missing: run scripts/test (npm ci in tests/js)"
+    return node
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            assert proc.poll() is None, "meshd exited"
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def meshd_ws(tmp_path_factory):
+    ws_port = free_port()
+    with MeshdProcess(str(tmp_path_factory.mktemp("mqttjs")), "--ws", f"127.0.0.1:{ws_port}") as meshd:
+        assert meshd.proc is not None
+        wait_listening(ws_port, meshd.proc)
+        yield f"ws://127.0.0.1:{ws_port}/mqtt"
+
+
+@pytest.mark.parametrize("version", ["4", "5", "3"])
+def test_mqttjs_clears_a_retained_message_over_websocket_and_stays_connected(meshd_ws, version):
+    node = node_with_mqttjs()
+    out = subprocess.run([node, str(SCRIPT), meshd_ws, version], capture_output=True, text=True, timeout=60, cwd=HERE)
+    assert out.stdout.strip(), out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["error"] is None, seen
+    assert seen["closes"] == 0, seen  # the empty retained publish did not cost the connection
+    assert seen["retained"] == [], seen  # and it cleared the retained message
+    assert seen["echoed"] == "alive", seen
+    assert out.returncode == 0, (seen, out.stderr)
