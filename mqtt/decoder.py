@@ -73,6 +73,7 @@ _PACKET_NAMES = (
     "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ", "PINGRESP",
     "DISCONNECT", "AUTH",
 )
+_PROTOCOL_NAME_SET = frozenset(PROTOCOL_NAMES.values())
 _PINGREQ = Pingreq()
 _PINGRESP = Pingresp()
 _BARE_DISCONNECT = Disconnect()
@@ -299,6 +300,9 @@ class Decoder:
         name = r.utf8()
         level = r.u8()
         if PROTOCOL_NAMES.get(level) != name:
+            if self.protocol_level is None and name not in _PROTOCOL_NAME_SET:
+                # Not MQTT at all: closed without a word [MQTT-3.1.2-1], as Mosquitto does.
+                raise MalformedPacket(f"protocol name {name!r} is not MQTT")
             if self.protocol_level is not None:
                 # A CONNECT mid-session is a protocol error whatever it says
                 # [MQTT-3.1.0-2]; 0x84 is not a valid DISCONNECT reason.
