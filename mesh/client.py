@@ -358,7 +358,8 @@ class Client:
         for pid, entry in list(session.inflight.items()):
             if entry.state == "pubrel":
                 self.write(machine.pubrel(pid))
-            elif entry.delivery.message.expired(now):
+            elif entry.delivery.qos == 1 and entry.delivery.message.expired(now):
+                # QoS 2 is exempt: once its PUBLISH was sent, no expiry [MQTT-4.3.3-7].
                 self.broker.release_inflight(session, pid)
                 machine.release_packet_id(pid)
                 self.broker.stats.dropped_expired += 1
