@@ -272,6 +272,10 @@ class MemoryNetwork:
                 pipe.pending -= len(data)
             else:
                 pipe.buffer += data
+        if pipe.in_flight:
+            # writes made during a stall have no heap entry of their own: the next
+            # one is due when the head is
+            self._schedule(pipe.in_flight[0][0], pipe)
         pipe.readable.unpark_all()
         pipe.writable.unpark_all()
 
