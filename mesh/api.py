@@ -4,11 +4,19 @@
     GET  /api/v1/members          the gossip member list
     GET  /api/v1/cluster          members, current partitions, unreachable members, history
     GET  /api/v1/routes           the cluster route table (filter -> nodes)
-    GET  /api/v1/config           cluster-wide settings (value, origin, HLC)
+    GET  /api/v1/config           every setting: value in effect, source (default, file, env,
+                                  flag, or cluster with its origin node and HLC)
     GET  /api/v1/config/{key}
     PUT  /api/v1/config/{key}     {"value": ...}: change a cluster-wide setting
     POST /api/v1/clients/{client_id}/kick   disconnect a client (v5: 0x98)
+    GET  /api/v1/clients          clients and their sessions, cluster-wide (paged, filtered)
+    GET  /api/v1/clients/{client_id}        one client: connection, session, subscriptions
+    DELETE /api/v1/sessions/{client_id}     end a session wherever it is
+    GET  /api/v1/subscriptions    subscriptions, cluster-wide (?topic= who gets that topic)
     GET  /metrics
+
+The cluster-wide answers (`mesh.inventory`) name the members that did not answer in
+`missing`.
 
 With `api_token` set, every endpoint needs `Authorization: Bearer <token>`; with
 `api_open_reads` the GET endpoints do not.
@@ -16,13 +24,15 @@ With `api_token` set, every endpoint needs `Authorization: Bearer <token>`; with
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Mapping, Protocol, Sequence, Sized
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, Sized
 
 from gossip.swim import MemberInfo
 from mesh import __version__
 from mesh.cluster_config import Register
 from mesh.config import ConfigError, Settings
-from mesh.http_api import Request, Response, Router, error_response, json_response
+from mesh.config_sync import register_entry, setting_in_effect, settings_in_effect
+from mesh.http_api import HttpError, Request, Response, Router, error_response, json_response
+from mesh.inventory import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, ClientFilter, Missing, Page
 from mesh.metrics import CONTENT_TYPE, Metrics
 from mqtt import ReasonCode
 
@@ -64,12 +74,43 @@ class ApiConfig(Protocol):
     def set(self, key: str, raw: object) -> Register: ...
 
 
+class ApiInventory(Protocol):
+    async def clients(self, flt: ClientFilter, *, node: str | None = None, after: str | None = None,
+                      limit: int = DEFAULT_LIMIT) -> Page: ...
+    async def client(self, client_id: str) -> tuple[dict[str, Any] | None, list[Missing]]: ...
+    async def discard(self, client_id: str) -> tuple[list[str], list[Missing]]: ...
+    async def subscriptions(self, *, topic: str | None = None, client_id: str | None = None, node: str | None = None,
+                            after: str | None = None, limit: int = DEFAULT_LIMIT) -> Page: ...
+
+
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _limit(request: Request) -> int:
+    text = request.query.get("limit", str(DEFAULT_LIMIT))
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise HttpError(400, f"limit: expected an integer 1..{MAX_LIMIT}, not {text!r}")
+    return int(text)
+
+
+def _connected(request: Request) -> bool | None:
+    text = request.query.get("connected")
+    if text is None or text == "":
+        return None
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise HttpError(400, f"connected: expected true or false, not {text!r}")
+
+
+def _missing(missing: list[Missing]) -> list[dict[str, str]]:
+    return [{"node": m.node, "reason": m.reason} for m in missing]
 
 
 def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], uptime: Callable[[], float],
                  security: ApiSecurity, broker: ApiBroker, gossip: ApiMembers, partitions: ApiPartitions,
-                 cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics) -> Router:
+                 cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics, inventory: ApiInventory) -> Router:
     """The API's routes; `ports` fills in as the node's listeners bind, `/metrics`
     renders `metrics`."""
     router = Router()
@@ -114,14 +155,14 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
         return json_response({"node_id": node_id, "routes": cluster.routes()})
 
     async def config_list(request: Request) -> Response:
-        return json_response({"node_id": node_id, "config": [r.as_dict() for r in config_sync.registers()]})
+        return json_response({"node_id": node_id, "config": settings_in_effect(settings, config_sync.registers())})
 
     async def config_get(request: Request) -> Response:
         key = request.path_params["key"]
-        register = config_sync.get(key)
-        if register is None:
-            return error_response(404, f"{key}: not set cluster-wide")
-        return json_response(register.as_dict())
+        entry = setting_in_effect(settings, config_sync.registers(), key)
+        if entry is None:
+            return error_response(404, f"{key}: no such setting")
+        return json_response(entry)
 
     async def config_put(request: Request) -> Response:
         key = request.path_params["key"]
@@ -132,7 +173,7 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
             register = config_sync.set(key, body["value"])
         except ConfigError as exc:
             return error_response(400, str(exc))
-        return json_response(register.as_dict())
+        return json_response(register_entry(register))
 
     async def kick(request: Request) -> Response:
         client_id = request.path_params["client_id"]
@@ -141,6 +182,43 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
             return error_response(404, f"{client_id}: not connected to this node")
         conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
         return json_response({"kicked": client_id})
+
+    async def clients(request: Request) -> Response:
+        q = request.query
+        flt = ClientFilter(q.get("clientid_prefix") or None, q.get("username") or None, _connected(request))
+        limit = _limit(request)
+        try:
+            page = await inventory.clients(flt, node=q.get("node") or None, after=q.get("after") or None, limit=limit)
+        except BadQuery as exc:
+            return error_response(400, str(exc))
+        return json_response(page.as_json(limit))
+
+    async def client(request: Request) -> Response:
+        client_id = request.path_params["client_id"]
+        found, missing = await inventory.client(client_id)
+        if found is None:
+            return json_response({"error": f"{client_id}: no such client on the members that answered",
+                                  "missing": _missing(missing)}, 404)
+        return json_response({**found, "missing": _missing(missing)})
+
+    async def discard(request: Request) -> Response:
+        client_id = request.path_params["client_id"]
+        nodes, missing = await inventory.discard(client_id)
+        if not nodes:
+            return json_response({"error": f"{client_id}: no such session on the members that answered",
+                                  "missing": _missing(missing)}, 404)
+        return json_response({"deleted": client_id, "nodes": nodes, "missing": _missing(missing)})
+
+    async def subscriptions(request: Request) -> Response:
+        q = request.query
+        limit = _limit(request)
+        try:
+            page = await inventory.subscriptions(topic=q.get("topic") or None, client_id=q.get("clientid") or None,
+                                                 node=q.get("node") or None, after=q.get("after") or None,
+                                                 limit=limit)
+        except BadQuery as exc:
+            return error_response(400, str(exc))
+        return json_response(page.as_json(limit))
 
     async def prometheus(request: Request) -> Response:
         return Response(200, metrics.render().encode("utf-8"), CONTENT_TYPE)
@@ -153,5 +231,9 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
     add("GET", "/api/v1/config/{key}", config_get)
     add("PUT", "/api/v1/config/{key}", config_put)
     add("POST", "/api/v1/clients/{client_id}/kick", kick)
+    add("GET", "/api/v1/clients", clients)
+    add("GET", "/api/v1/clients/{client_id}", client)
+    add("DELETE", "/api/v1/sessions/{client_id}", discard)
+    add("GET", "/api/v1/subscriptions", subscriptions)
     add("GET", "/metrics", prometheus)
     return router

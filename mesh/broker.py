@@ -219,6 +219,8 @@ class Broker:
         session.expiry_interval = expiry
         session.protocol_level = level
         session.disconnected_at = None
+        session.connected_at = now
+        session.clean_start = connect.clean_start
         session.will = connect.will
         self._set_persistent(session, expiry > 0)
         if session.persistent:
@@ -263,6 +265,22 @@ class Broker:
             self._end_session(session, now, publish_pending_will=True)
         elif session.expiry_interval != NEVER_EXPIRES:
             self._add_timer(now + session.expiry_interval, "expire", session.client_id, 0)
+
+    def end_session_now(self, client_id: str, now: float) -> bool:
+        """An operator ends a session (`DELETE /api/v1/sessions/<id>`): its connection,
+        if any, is closed with 0x98 (administrative action) and its will goes out as on
+        any server-side close; then the session, its subscriptions and its queue go,
+        whatever its expiry. False when there is no such session here."""
+        session = self.sessions.get(client_id)
+        if session is None:
+            return False
+        conn = self.connections.get(client_id)
+        if conn is not None:
+            conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
+            self.connection_lost(conn, now, publish_will=True)
+        if self.sessions.get(client_id) is session:
+            self._end_session(session, now, publish_pending_will=True)
+        return True
 
     def _end_session(self, session: Session, now: float, *, publish_pending_will: bool, released: bool = True) -> None:
         """Forget a session; `released=False` when a new one for the same client id

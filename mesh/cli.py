@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from mesh import __version__
 from mesh.config import ConfigError, add_setting_arguments, flags_from_namespace, load_settings
+from mesh.usage import Parser
 
 __all__ = ["main", "SUBCOMMANDS", "build_parser"]
 
@@ -64,9 +65,12 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="meshd",
+        # The settings' flags are listed by --help; a usage line naming all of them would
+        # be the 30 lines an error used to print before itself.
+        usage="meshd [run] [--config FILE] [--SETTING VALUE ...] | meshd SUBCOMMAND ...",
         description=DESCRIPTION,
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -118,7 +122,7 @@ def _missing(name: str, sub: Subcommand, e: ModuleNotFoundError) -> int:
 
 def _run(argv: list[str]) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse(argv)
     try:
         settings = load_settings(flags_from_namespace(ns))
     except ConfigError as e:

@@ -110,6 +110,10 @@ class Client:
     def protocol_level(self) -> int:
         return self.machine.protocol_level
 
+    @property
+    def keep_alive(self) -> int:
+        return self.machine.keep_alive
+
     def close(self, reason: int | None = None) -> None:
         """Close from the server side: the machine says what to send first (DISCONNECT
         with `reason` on v5, or the CONNACK of a refused CONNECT)."""

@@ -22,6 +22,22 @@ class ClientPort(Protocol):
     @property
     def protocol_level(self) -> int: ...
 
+    # What the operator's view of a client shows (`mesh.inventory`).
+    @property
+    def peer(self) -> str:
+        """The client's address, `host:port`."""
+
+    @property
+    def username(self) -> str | None: ...
+
+    @property
+    def transport(self) -> str:
+        """The listener it came through: tcp, mqtts, ws or wss."""
+
+    @property
+    def keep_alive(self) -> int:
+        """The keep alive granted, in seconds (0: none)."""
+
     def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
         """Send now, or queue behind the client's inflight window. `cache` holds the
         bytes already encoded for this message, shared by the subscribers of one publish."""

@@ -14,6 +14,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
     $SYS publisher         the broker's numbers as retained topics
+    queries, inventory     clients and subscriptions cluster-wide: each member answers for its own
     API                    HTTP JSON API and /metrics
     Node                   the listeners and the tasks that run all of the above
 
@@ -37,6 +38,7 @@ from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
 from mesh.config_sync import ConfigSync
 from mesh.doorbell import Doorbell
+from mesh.inventory import Inventory
 from mesh.node import Node, WriteRunner
 from mesh.node_metrics import node_metrics
 from mesh.security import Security
@@ -47,6 +49,7 @@ from netsplit.monitor import PartitionMonitor
 from netsplit.view import PartitionView
 from routing.cluster import Cluster
 from routing.port import MeshPort
+from routing.queries import MeshQueries
 from routing.table import RouteTable
 from session_store.rocks import RocksStore, StoreOpenError
 from session_store.store import SessionStore
@@ -133,9 +136,12 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     ports: dict[str, int] = {}  # filled in by Node.serve as each listener binds
     metrics = node_metrics(broker=broker, store=store, gossip=gossip, partitions=partitions, cluster=cluster,
                            security=security, uptime=uptime)
+    # Cluster-wide clients and subscriptions: each member answers for its own sessions.
+    queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
+    inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
     api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
                        broker=broker, gossip=gossip, partitions=partitions, cluster=cluster,
-                       config_sync=config_sync, metrics=metrics)
+                       config_sync=config_sync, metrics=metrics, inventory=inventory)
 
     return Node(
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,

@@ -6,6 +6,8 @@ Adding a setting is one line there; the command-line flag, the `MESHD_<NAME>`
 environment variable, the TOML key and the help text all follow from it.
 
 Precedence, high to low: command-line flag, environment, TOML file, default.
+`load_settings` remembers where each value came from (`Settings.origin(name)`), which
+the API and `meshd ctl config list` show; `mesh.config_sync` adds cluster-wide changes.
 Unknown TOML keys and unknown `MESHD_*` variables are errors (a typo must not
 silently fall back to a default). Every error is a `ConfigError(key, message)`.
 """
@@ -37,6 +39,7 @@ __all__ = [
     "add_setting_arguments",
     "flags_from_namespace",
     "describe_settings",
+    "Origin",
 ]
 
 ENV_PREFIX = "MESHD_"
@@ -336,6 +339,18 @@ _NODE_ID_RE = r"[A-Za-z0-9_.-]{1,128}"
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a setting's value came from: `source` is default, file, env or flag (or
+    program, for settings built in code); `detail` names the file, variable or flag."""
+
+    source: str
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"source": self.source, **({"source_detail": self.detail} if self.detail else {})}
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a node is configured with. Build it with `load_settings`."""
 
@@ -365,8 +380,8 @@ class Settings:
     allow_publish_during_netsplit: bool = _setting(True, Bool(), "accept PUBLISHes while this node is on the minority side of a partition (off: PUBACK/PUBREC 0x83 on v5, dropped on v3)")
     trace: bool = _setting(True, Bool(), "write convergence traces to DATA_DIR/traces")
     log_level: str = _setting("info", Str(choices=("debug", "info", "warning", "error"), metavar="LEVEL"), "log level")
-    max_keepalive: int = _setting(65535, Int(0, 65535, "seconds"), "largest keep alive granted; v5 clients asking for more (or 0) get it as Server Keep Alive; MQTT 3.1/3.1.1 clients asking for more (or 0) are refused with CONNACK return code 2, as 3.1.1 cannot carry it (65535: no maximum)")
-    max_packet_size: int = _setting(1048576, Int(16, 268435460, "bytes"), "largest MQTT packet accepted")
+    max_keepalive: int = _setting(65535, Int(0, 65535, "seconds", metavar="SECONDS"), "largest keep alive granted; v5 clients asking for more (or 0) get it as Server Keep Alive; MQTT 3.1/3.1.1 clients asking for more (or 0) are refused with CONNACK return code 2, as 3.1.1 cannot carry it (65535: no maximum)")
+    max_packet_size: int = _setting(1048576, Int(16, 268435460, "bytes", metavar="BYTES"), "largest MQTT packet accepted")
     receive_maximum: int = _setting(1024, Int(1, 65535), "inbound QoS 1/2 window per client")
     max_inflight: int = _setting(32, Int(1, 65535), "outbound QoS 1/2 window per client (min with the client's receive maximum)")
     max_queued_messages: int = _setting(1000, Int(0), "messages queued per session before dropping")
@@ -377,7 +392,7 @@ class Settings:
     sys_interval: float = _setting(10.0, Float(0.0), "seconds between $SYS publishes; 0 disables $SYS")
     shutdown_timeout: float = _setting(5.0, Float(0.0), "seconds to drain connections on shutdown")
     durability: str = _setting("sync", Str(choices=("sync", "batch", "off"), metavar="MODE"), "session store writes: sync (fsync before ack), batch (group commit), off")
-    durability_batch_ms: int = _setting(50, Int(1, None, "ms"), "batch/off: every change is written within this many ms (the loss window of a crash)")
+    durability_batch_ms: int = _setting(50, Int(1, None, "ms", metavar="MS"), "batch/off: every change is written within this many ms (the loss window of a crash)")
     # -- security and limits (README "Security") --
     allow_anonymous: bool = _setting(True, Bool(), "accept clients without credentials (a warning is logged when listening beyond loopback)")
     password_file: str | None = _setting(None, Str(optional=True, metavar="FILE"), "user:scrypt-hash lines (meshd passwd); re-read on SIGHUP and when it changes")
@@ -398,9 +413,20 @@ class Settings:
     max_connections: int = _setting(100_000, Int(1), "client connections per node; more get CONNACK 0x97 (quota exceeded)")
     max_subscriptions_per_client: int = _setting(10_000, Int(1), "subscriptions per session; more get SUBACK 0x97")
     max_topic_levels: int = _setting(64, Int(1, 1024), "topic levels in a topic name or filter; deeper ones are refused")
-    publish_rate: float = _setting(0.0, Float(0.0), "PUBLISH packets per second per client, 0 = unlimited; over it the client is slowed (back-pressure)")
-    connection_rate: float = _setting(0.0, Float(0.0), "new connections per second per IP address, 0 = unlimited; more get CONNACK 0x9F")
-    memory_limit: int = _setting(0, Int(0, None, "bytes"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
+    publish_rate: float = _setting(0.0, Float(0.0, unit="per second", metavar="PER_SECOND"), "PUBLISH packets per second per client, 0 = unlimited; over it the client is slowed (back-pressure)")
+    connection_rate: float = _setting(0.0, Float(0.0, unit="per second", metavar="PER_SECOND"), "new connections per second per IP address, 0 = unlimited; more get CONNACK 0x9F")
+    memory_limit: int = _setting(0, Int(0, None, "bytes", metavar="BYTES"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
+
+    # Where each value came from (`load_settings` fills it in); not a setting itself.
+    origins: Mapping[str, Origin] = field(default_factory=dict, compare=False, repr=False)
+
+    def origin(self, name: str) -> Origin:
+        """Where the value of setting `name` came from."""
+        known = self.origins.get(name)
+        if known is not None:
+            return known
+        default = SETTINGS_BY_NAME[name].default
+        return Origin("default") if getattr(self, name) == default else Origin("program")
 
     def as_dict(self, *, redact: bool = True) -> dict[str, object]:
         """Plain JSON-able values (addresses as text); secrets masked unless redact=False."""
@@ -444,6 +470,7 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = tuple(
     Setting(f.name, f.metadata["kind"], f.default, f.metadata["help"], f.metadata["secret"])
     for f in dataclasses.fields(Settings)
+    if "kind" in f.metadata
 )
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
@@ -507,14 +534,20 @@ def load_settings(flags: Mapping[str, object], env: Mapping[str, str] | None = N
     toml_values = _toml_values(str(config_path)) if config_path is not None else {}
 
     values: dict[str, Any] = {}  # each parsed by its field's Kind, so of that field's type
+    origins: dict[str, Origin] = {}
     for s in SETTINGS:
         if s.name in flags:
             values[s.name] = s.kind.parse(s.name, flags[s.name])
+            origins[s.name] = Origin("flag", s.flag)
         elif s.name in env_values:
             values[s.name] = _parse_from(s, env_values[s.name], f"environment variable {s.env}")
+            origins[s.name] = Origin("env", s.env)
         elif s.name in toml_values:
             values[s.name] = _parse_from(s, toml_values[s.name], f"config file {config_path}")
-    return Settings(**values)
+            origins[s.name] = Origin("file", str(config_path))
+        else:
+            origins[s.name] = Origin("default")
+    return Settings(**values, origins=origins)
 
 
 def _parse_from(s: Setting, raw: object, source: str) -> object:

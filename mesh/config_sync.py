@@ -3,23 +3,59 @@
 The driver around `mesh.cluster_config`: registers are kept in the store's meta
 family (`config/<key>`), disseminated as `config` broadcasts, reconciled by gossip
 push-pull, traced as `config_set`, and applied to the running node without a restart.
+
+`settings_in_effect` is what `/api/v1/config` shows: every setting's value in effect
+and its source, a cluster-wide change (source `cluster`, with its origin node and HLC)
+winning over the node's own flag, environment, file or default.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import fields, replace
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from clock import Clock
 from mesh.broker import BrokerLimits
 from mesh.cluster_config import ClusterConfig, Register
-from mesh.config import ConfigError
+from mesh.config import SETTINGS, SETTINGS_BY_NAME, ConfigError, Settings
 
 log = logging.getLogger("meshd.config")
 
 META_PREFIX = "config/"
 _LIMIT_NAMES = frozenset(f.name for f in fields(BrokerLimits))
+
+
+def register_entry(register: Register) -> dict[str, object]:
+    """A cluster-wide value as `/api/v1/config` shows it."""
+    return {**register.as_dict(), "source": "cluster"}
+
+
+def settings_in_effect(settings: Settings, registers: Iterable[Register]) -> list[dict[str, object]]:
+    """Every setting (secrets masked) with its value in effect and where it came from,
+    then the cluster-wide values that are no setting of their own (`acl`), by key."""
+    by_key = {r.key: r for r in registers}
+    values = settings.as_dict()
+    entries: list[dict[str, object]] = []
+    for s in SETTINGS:
+        register = by_key.pop(s.name, None)
+        if register is not None:
+            entries.append(register_entry(register))
+        else:
+            entries.append({"key": s.name, "value": values[s.name], **settings.origin(s.name).as_dict()})
+    entries.extend(register_entry(r) for _, r in sorted(by_key.items()))
+    return entries
+
+
+def setting_in_effect(settings: Settings, registers: Iterable[Register], key: str) -> dict[str, object] | None:
+    """One entry of `settings_in_effect`; None for a key that is neither a setting nor
+    set cluster-wide."""
+    for register in registers:
+        if register.key == key:
+            return register_entry(register)
+    if key not in SETTINGS_BY_NAME:
+        return None
+    return {"key": key, "value": settings.as_dict()[key], **settings.origin(key).as_dict()}
 
 
 class ConfigGossip(Protocol):

@@ -1,11 +1,22 @@
-"""`meshd ctl`: operate a running node through its HTTP API.
+"""`meshd ctl`: operate a running node (and through it, the cluster) over its HTTP API.
 
-    meshd ctl config set KEY VALUE   change a cluster-wide setting (every node applies it)
-    meshd ctl config set acl @FILE   enforce an ACL file's rules on every node
-    meshd ctl config get KEY         one cluster setting: value, origin node, HLC
-    meshd ctl config list            every cluster setting
-    meshd ctl routes                 the cluster route table as this node sees it
-    meshd ctl cluster                members, current partitions and partition history
+    meshd ctl clients list [FILTERS]     clients on every node, connected or with a kept session
+    meshd ctl clients show CLIENT_ID     one client: connection, session, subscriptions, queue
+    meshd ctl clients kick CLIENT_ID     disconnect a client connected to this node (v5: 0x98)
+    meshd ctl sessions list [FILTERS]    the same clients, as sessions (expiry, queue, drops)
+    meshd ctl sessions show CLIENT_ID
+    meshd ctl sessions delete CLIENT_ID  end a session wherever it is (disconnecting its client)
+    meshd ctl subscriptions list [--topic TOPIC] [--clientid CLIENT_ID] [--node NODE]
+    meshd ctl config list                every setting: value in effect and its source
+    meshd ctl config get KEY             one setting
+    meshd ctl config set KEY VALUE       change a cluster-wide setting (every node applies it)
+    meshd ctl config set acl @FILE       enforce an ACL file's rules on every node
+    meshd ctl routes                     the cluster route table as this node sees it
+    meshd ctl cluster                    members, current partitions and partition history
+
+`--json` (the node's JSON answer as it is), `--http HOST:PORT` and `--token TOKEN` go
+anywhere on the line. Exit codes: 0 done, 2 a usage error or a request the node
+refused as wrong (400), 1 anything else (unreachable, not found, failed).
 """
 
 from __future__ import annotations
@@ -14,107 +25,196 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import quote, urlencode
 
+from mesh import ctl_tables
 from mesh.http_client import HttpClientError, request_json
+from mesh.usage import Parser
 
 DEFAULT_HTTP = "127.0.0.1:18083"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="meshd ctl", description="Operate a running meshd node through its HTTP API.")
-    p.add_argument("--http", default=DEFAULT_HTTP, help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
-    p.add_argument("--json", action="store_true", help="print the node's JSON answer as it is")
-    p.add_argument("--token", default=os.environ.get("MESHD_API_TOKEN"),
+def _common_options(*, with_defaults: bool) -> Parser:
+    """--http, --json and --token, for the top parser (with defaults) and for every
+    subcommand (without: a subcommand must not reset what was given before it)."""
+    def default(value: object) -> object:
+        return value if with_defaults else argparse.SUPPRESS
+
+    p = Parser(add_help=False)
+    p.add_argument("--http", metavar="HOST:PORT", default=default(DEFAULT_HTTP),
+                   help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
+    p.add_argument("--json", action="store_true", default=default(False), help="print the node's JSON answer as it is")
+    p.add_argument("--token", metavar="TOKEN", default=default(os.environ.get("MESHD_API_TOKEN")),
                    help="bearer token for a node with api_token set (default: env MESHD_API_TOKEN)")
-    sub = p.add_subparsers(dest="command", required=True)
-    config = sub.add_parser("config", help="cluster-wide settings").add_subparsers(dest="action", required=True)
-    s = config.add_parser("set", help="set a cluster-wide setting")
-    s.add_argument("key")
-    s.add_argument("value")
-    g = config.add_parser("get", help="show one cluster-wide setting")
-    g.add_argument("key")
-    config.add_parser("list", help="show every cluster-wide setting")
-    sub.add_parser("routes", help="the cluster route table (filter -> nodes)")
-    sub.add_parser("cluster", help="members, current partitions (netsplits) and their history")
     return p
 
 
-def _call(http: str, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
-    return request_json(http, method, path, body, token=token)
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    body: object = None
 
 
-def _format_register(r: dict[str, Any]) -> str:
-    hlc = r.get("hlc", {})
-    return f"{r['key']:<22} {json.dumps(r['value']):<12} origin={r['origin']} hlc={hlc.get('wall_ms')}.{hlc.get('logical')}"
+def _client_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clientid-prefix", metavar="PREFIX", help="client ids that start with PREFIX")
+    p.add_argument("--username", metavar="USERNAME", help="clients that authenticated as USERNAME")
+    p.add_argument("--node", metavar="NODE_ID", help="only the clients of this node")
+    state = p.add_mutually_exclusive_group()
+    state.add_argument("--connected", dest="connected", action="store_const", const="true",
+                       help="only connected clients")
+    state.add_argument("--disconnected", dest="connected", action="store_const", const="false",
+                       help="only sessions kept for clients that are gone")
+    _paging(p)
 
 
-def format_cluster(body: dict[str, Any]) -> str:
-    """`meshd ctl cluster`: the member table, then partitions now and before."""
-    lines = [f"{m['id']:<24} {m['address']:<22} {m['state']:<8} inc={m['incarnation']}" for m in body.get("members", [])]
-    parts = body.get("partitions", [])
-    if not parts:
-        lines.append("no partition")
-    for p in parts:
-        side = "majority" if p.get("majority") else "minority"
-        lines.append(
-            f"PARTITION {p['id']}: this side {','.join(p['local'])} ({side}); "
-            f"unreachable {','.join(p['remote'])}; back already: {','.join(p['returned']) or '-'}"
-        )
-    history = body.get("history", [])
-    if history:
-        lines.append("history:")
-        for h in history:
-            if h["event"] == "partition_detected":
-                what = f"detected, lost {','.join(h['peers'])} ({'majority' if h['majority'] else 'minority'}) in {h['detection_s']} s"
-            else:
-                what = f"healed, {','.join(h['peers'])} back; heal {h['heal_s']} s, split {h['duration_s']} s"
-            lines.append(f"  {h['id']}: {what}")
-    return "\n".join(lines)
+def _paging(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", metavar="N", type=_limit, help="rows per page, 1..1000 (default 100)")
+    p.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed under a full page)")
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"expected a number 1..1000, not {text!r}")
+    return int(text)
+
+
+def _query(args: argparse.Namespace, names: tuple[str, ...]) -> str:
+    """The query string of the options given (each option is named as its parameter)."""
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return "?" + urlencode(given) if given else ""
+
+
+def _path_id(client_id: str) -> str:
+    return quote(client_id, safe="")
+
+
+def build_parser() -> Parser:
+    common = _common_options(with_defaults=False)
+    p = Parser(prog="meshd ctl", parents=[_common_options(with_defaults=True)],
+               description="Operate a running meshd node (and the cluster through it) over its HTTP API.",
+               epilog="--json, --http and --token may be given anywhere on the line.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(parent: "argparse._SubParsersAction[Parser]", name: str, help: str) -> Parser:
+        parser = parent.add_parser(name, help=help, description=help, parents=[common])
+        p.leaf(parser)
+        return parser
+
+    clients = command(sub, "clients", "clients on every node").add_subparsers(dest="action", required=True,
+                                                                              metavar="ACTION")
+    _client_filters(command(clients, "list", "clients on every node, connected or with a kept session"))
+    command(clients, "show", "one client: connection, session, subscriptions, queue").add_argument(
+        "client_id", metavar="CLIENT_ID")
+    command(clients, "kick", "disconnect a client connected to this node").add_argument("client_id", metavar="CLIENT_ID")
+
+    sessions = command(sub, "sessions", "sessions on every node").add_subparsers(dest="action", required=True,
+                                                                                 metavar="ACTION")
+    _client_filters(command(sessions, "list", "every session: expiry, subscriptions, queue, drops"))
+    command(sessions, "show", "one session, as clients show").add_argument("client_id", metavar="CLIENT_ID")
+    command(sessions, "delete", "end a session wherever it is (its client is disconnected)").add_argument(
+        "client_id", metavar="CLIENT_ID")
+
+    subs = command(sub, "subscriptions", "subscriptions on every node").add_subparsers(dest="action", required=True,
+                                                                                       metavar="ACTION")
+    subs_list = command(subs, "list", "which clients on which nodes subscribe")
+    subs_list.add_argument("--topic", metavar="TOPIC",
+                           help="a topic name: the subscriptions matching it; a filter: exactly that filter")
+    subs_list.add_argument("--clientid", metavar="CLIENT_ID", help="the subscriptions of one client")
+    subs_list.add_argument("--node", metavar="NODE_ID", help="only the subscriptions on this node")
+    _paging(subs_list)
+
+    config = command(sub, "config", "settings: in effect, and cluster-wide changes").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    s = command(config, "set", "change a cluster-wide setting (every node applies it)")
+    s.add_argument("key", metavar="KEY")
+    s.add_argument("value", metavar="VALUE", help="the new value; @FILE reads it from FILE (acl)")
+    command(config, "get", "one setting: its value in effect and its source").add_argument("key", metavar="KEY")
+    command(config, "list", "every setting: its value in effect and its source")
+
+    command(sub, "routes", "the cluster route table (filter -> nodes)")
+    command(sub, "cluster", "members, current partitions (netsplits) and their history")
+    return p
+
+
+_CLIENT_QUERY = ("clientid_prefix", "username", "node", "connected", "limit", "after")
+_SUBS_QUERY = ("topic", "clientid", "node", "limit", "after")
+
+
+def _request(args: argparse.Namespace) -> Request:
+    command, action = args.command, getattr(args, "action", None)
+    if command in ("clients", "sessions"):
+        if action == "list":
+            return Request("GET", "/api/v1/clients" + _query(args, _CLIENT_QUERY))
+        if action == "show":
+            return Request("GET", f"/api/v1/clients/{_path_id(args.client_id)}")
+        if action == "kick":
+            return Request("POST", f"/api/v1/clients/{_path_id(args.client_id)}/kick")
+        return Request("DELETE", f"/api/v1/sessions/{_path_id(args.client_id)}")
+    if command == "subscriptions":
+        return Request("GET", "/api/v1/subscriptions" + _query(args, _SUBS_QUERY))
+    if command == "config":
+        if action == "set":
+            return Request("PUT", f"/api/v1/config/{quote(args.key, safe='')}", {"value": args.value})
+        if action == "get":
+            return Request("GET", f"/api/v1/config/{quote(args.key, safe='')}")
+        return Request("GET", "/api/v1/config")
+    return Request("GET", f"/api/v1/{command}")
+
+
+_TABLES: dict[tuple[str, str | None], Callable[[dict[str, Any]], str]] = {
+    ("clients", "list"): ctl_tables.format_clients,
+    ("clients", "show"): ctl_tables.format_client,
+    ("clients", "kick"): lambda body: f"kicked {body['kicked']}",
+    ("sessions", "list"): ctl_tables.format_sessions,
+    ("sessions", "show"): ctl_tables.format_client,
+    ("sessions", "delete"): ctl_tables.format_deleted,
+    ("subscriptions", "list"): ctl_tables.format_subscriptions,
+    ("config", "set"): ctl_tables.format_config_entry,
+    ("config", "get"): ctl_tables.format_config_entry,
+    ("config", "list"): ctl_tables.format_config,
+    ("routes", None): ctl_tables.format_routes,
+    ("cluster", None): ctl_tables.format_cluster,
+}
+
+
+def _read_at_file(args: argparse.Namespace) -> str | None:
+    """`config set acl @acl.toml`: the file's text is the value; an error message or None."""
+    if getattr(args, "action", None) == "set" and args.value.startswith("@"):
+        try:
+            with open(args.value[1:], encoding="utf-8") as f:
+                args.value = f.read()
+        except OSError as exc:
+            return f"cannot read {args.value[1:]}: {exc.strerror or exc}"
+    return None
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse(argv)
+    problem = _read_at_file(args)
+    if problem is not None:
+        print(f"meshd ctl: {problem}", file=sys.stderr)
+        return 2
+    request = _request(args)
     try:
-        if args.command == "routes":
-            status, body = _call(args.http, "GET", "/api/v1/routes", token=args.token)
-        elif args.command == "cluster":
-            status, body = _call(args.http, "GET", "/api/v1/cluster", token=args.token)
-        elif args.action == "set":
-            if args.value.startswith("@"):
-                # `meshd ctl config set acl @acl.toml`: the file's text is the value.
-                try:
-                    with open(args.value[1:], encoding="utf-8") as f:
-                        args.value = f.read()
-                except OSError as exc:
-                    print(f"meshd ctl: cannot read {args.value[1:]}: {exc.strerror or exc}", file=sys.stderr)
-                    return 2
-            status, body = _call(args.http, "PUT", f"/api/v1/config/{args.key}", {"value": args.value}, token=args.token)
-        elif args.action == "get":
-            status, body = _call(args.http, "GET", f"/api/v1/config/{args.key}", token=args.token)
-        else:
-            status, body = _call(args.http, "GET", "/api/v1/config", token=args.token)
+        status, body = request_json(args.http, request.method, request.path, request.body, token=args.token)
     except HttpClientError as exc:
         print(f"meshd ctl: {exc}", file=sys.stderr)
         return 1
     if status >= 400:
         message = body.get("error") if isinstance(body, dict) else body
         print(f"meshd ctl: {message}", file=sys.stderr)
+        if isinstance(body, dict):
+            for m in body.get("missing", []):
+                print(f"missing: {m['node']} ({m['reason']})", file=sys.stderr)
         return 2 if status == 400 else 1
-    if args.json:
+    if args.json or not isinstance(body, dict):
         print(json.dumps(body, indent=2))
-    elif args.command == "routes":
-        routes = body["routes"]
-        for r in routes:
-            print(f"{r['filter']:<40} {' '.join(r['nodes'])}")
-        print(f"{len(routes)} routes", file=sys.stderr)
-    elif args.command == "cluster":
-        print(format_cluster(body))
-    elif args.action == "list":
-        for r in body["config"]:
-            print(_format_register(r))
     else:
-        print(_format_register(body))
+        print(_TABLES[args.command, getattr(args, "action", None)](body))
     return 0
 
 

@@ -121,6 +121,16 @@ def handoff(first: Node, second: Node, nodes: list[Node], tag: str) -> None:
     again.disconnect()
 
 
+def query_older(new: Node, older: list[Node]) -> None:
+    """A cluster-wide question asked on a new node: the older ones, which know no cluster
+    queries, are named missing (and, as the forward checks after this one show, their
+    mesh links are not disturbed)."""
+    status, body = request_json(f"127.0.0.1:{new.http}", "GET", "/api/v1/clients")
+    assert status == 200, f"GET /api/v1/clients: {status} {body}"
+    missing = sorted(m["node"] for m in body["missing"])
+    assert missing == sorted(n.name for n in older), f"missing: {body['missing']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", default=OLD_DEFAULT, help=f"the older commit (default {OLD_DEFAULT})")
@@ -143,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("membership: every node sees 3 alive", lambda: [
                     wait_for(lambda n=n: sum(s == "alive" for s in n.members().values()) == 3, TIMEOUT, f"{n.name} sees 3 alive")
                     for n in nodes]),
+                ("cluster query on new: the old nodes named missing", lambda: query_older(b, [a, c])),
                 ("forward QoS 1: new -> old", lambda: forward(b, a, nodes, "n2o")),
                 ("forward QoS 1: old -> new", lambda: forward(c, b, nodes, "o2n")),
                 ("session handoff: old -> new", lambda: handoff(a, b, nodes, "o2n")),

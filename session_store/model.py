@@ -139,6 +139,11 @@ class Session:
     _qos2_in: set[int] | None = field(default=None, repr=False, compare=False)
     will: Will | None = None
     disconnected_at: float | None = None
+    # The CONNECT that attached the current connection: its wall time and Clean Start
+    # flag (for the operator's view of clients; not stored, a resumed session's next
+    # CONNECT sets them again).
+    connected_at: float | None = None
+    clean_start: bool = True
     dropped: int = 0
     stored: bool = False  # has records in the store (so ending it must delete them)
     next_seq: int = 1

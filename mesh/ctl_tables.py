@@ -1,0 +1,169 @@
+"""What `meshd ctl` prints without `--json`: the node's JSON answers as tables.
+
+Each function takes the decoded JSON body of one endpoint and returns the text. Lines
+about the answer itself (members that did not answer, the next page) follow the table,
+so `grep` on a client id still finds its row.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Sequence
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Columns as wide as their widest cell, two spaces apart."""
+    cells = [list(headers)] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if value is True:
+        return "yes"
+    if value is False:
+        return "no"
+    return str(value)
+
+
+def _footer(body: dict[str, Any], noun: str, *, paged: bool = True) -> list[str]:
+    lines = []
+    if paged:
+        meta = body.get("meta", {})
+        lines.append(f"{len(body.get('data', []))} of {meta.get('count', 0)} {noun}")
+        if meta.get("next"):
+            lines.append(f"next page: --after {meta['next']}")
+    for m in body.get("missing", []):
+        lines.append(f"missing: {m['node']} ({m['reason']})")
+    return lines
+
+
+def _address(row: dict[str, Any]) -> str | None:
+    if row.get("ip_address") is None:
+        return None
+    host = row["ip_address"]
+    return f"[{host}]:{row['port']}" if ":" in host else f"{host}:{row['port']}"
+
+
+def format_clients(body: dict[str, Any]) -> str:
+    """`meshd ctl clients list`: one row per client, connected or with a kept session."""
+    rows = [
+        (r["clientid"], r["node"], r["connected"], _address(r), r["username"], r["proto_ver"], r["keepalive"],
+         r["subscriptions_cnt"], r["inflight_cnt"], r["mqueue_len"])
+        for r in body["data"]
+    ]
+    headers = ("CLIENTID", "NODE", "CONNECTED", "ADDRESS", "USERNAME", "PROTO", "KEEPALIVE", "SUBS", "INFLIGHT",
+               "QUEUED")
+    return "\n".join([table(headers, rows), *_footer(body, "clients")])
+
+
+def format_sessions(body: dict[str, Any]) -> str:
+    """`meshd ctl sessions list`: the same rows, as sessions (expiry, queue, drops)."""
+    rows = [
+        (r["clientid"], r["node"], r["connected"], r["clean_start"], _expiry(r["expiry_interval"]),
+         r["subscriptions_cnt"], r["inflight_cnt"], r["mqueue_len"], r["mqueue_dropped"], r["disconnected_at"])
+        for r in body["data"]
+    ]
+    headers = ("CLIENTID", "NODE", "CONNECTED", "CLEAN_START", "EXPIRY", "SUBS", "INFLIGHT", "QUEUED", "DROPPED",
+               "DISCONNECTED_AT")
+    return "\n".join([table(headers, rows), *_footer(body, "sessions")])
+
+
+def _expiry(seconds: int) -> str:
+    return "never" if seconds == 0xFFFFFFFF else f"{seconds}s"
+
+
+def format_client(body: dict[str, Any]) -> str:
+    """`meshd ctl clients show ID`: the client's fields, then its subscriptions and the
+    first inflight and queued messages."""
+    skip = {"subscriptions", "inflight", "mqueue", "missing"}
+    width = max(len(k) for k in body if k not in skip)
+    lines = [f"{k:<{width}}  {_cell(v)}" for k, v in body.items() if k not in skip]
+    lines += ["", "subscriptions:", _indent(format_subscription_rows(body.get("subscriptions", [])))]
+    if body.get("inflight"):
+        lines += ["", "inflight:", _indent(table(("PACKET_ID", "TOPIC", "QOS", "STATE"),
+                                                 [(m["packet_id"], m["topic"], m["qos"], m["state"])
+                                                  for m in body["inflight"]]))]
+    if body.get("mqueue"):
+        lines += ["", "queued:", _indent(table(("TOPIC", "QOS"), [(m["topic"], m["qos"]) for m in body["mqueue"]]))]
+    lines += _footer(body, "", paged=False)
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def format_subscription_rows(rows: list[dict[str, Any]]) -> str:
+    return table(("TOPIC", "QOS", "NL", "RAP", "RH", "SUBID"),
+                 [(s["topic"], s["qos"], s["nl"], s["rap"], s["rh"], s["subid"]) for s in rows])
+
+
+def format_subscriptions(body: dict[str, Any]) -> str:
+    """`meshd ctl subscriptions list`: which clients on which nodes."""
+    rows = [(s["topic"], s["clientid"], s["node"], s["qos"], s["nl"], s["rap"], s["rh"]) for s in body["data"]]
+    headers = ("TOPIC", "CLIENTID", "NODE", "QOS", "NL", "RAP", "RH")
+    return "\n".join([table(headers, rows), *_footer(body, "subscriptions")])
+
+
+def format_deleted(body: dict[str, Any]) -> str:
+    lines = [f"session {body['deleted']} ended on {', '.join(body['nodes'])}"]
+    return "\n".join(lines + _footer(body, "", paged=False))
+
+
+def format_routes(body: dict[str, Any]) -> str:
+    routes = body["routes"]
+    return "\n".join([table(("FILTER", "NODES"), [(r["filter"], " ".join(r["nodes"])) for r in routes]),
+                      f"{len(routes)} routes"])
+
+
+def _config_value(entry: dict[str, Any]) -> str:
+    value = entry["value"]
+    if entry["key"] == "acl" and isinstance(value, str):
+        return f"({len(value)} bytes of TOML)"
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _config_source(entry: dict[str, Any]) -> str:
+    source = entry["source"]
+    if source == "cluster":
+        hlc = entry.get("hlc", {})
+        return f"cluster origin={entry['origin']} hlc={hlc.get('wall_ms')}.{hlc.get('logical')}"
+    if entry.get("source_detail"):
+        return f"{source} ({entry['source_detail']})"
+    return source
+
+
+def format_config(body: dict[str, Any]) -> str:
+    """`meshd ctl config list`: every setting, its value in effect and where it came from."""
+    return table(("KEY", "VALUE", "SOURCE"), [(e["key"], _config_value(e), _config_source(e)) for e in body["config"]])
+
+
+def format_config_entry(entry: dict[str, Any]) -> str:
+    return table(("KEY", "VALUE", "SOURCE"), [(entry["key"], _config_value(entry), _config_source(entry))])
+
+
+def format_cluster(body: dict[str, Any]) -> str:
+    """`meshd ctl cluster`: the member table, then partitions now and before."""
+    lines = [f"{m['id']:<24} {m['address']:<22} {m['state']:<8} inc={m['incarnation']}" for m in body.get("members", [])]
+    parts = body.get("partitions", [])
+    if not parts:
+        lines.append("no partition")
+    for p in parts:
+        side = "majority" if p.get("majority") else "minority"
+        lines.append(
+            f"PARTITION {p['id']}: this side {','.join(p['local'])} ({side}); "
+            f"unreachable {','.join(p['remote'])}; back already: {','.join(p['returned']) or '-'}"
+        )
+    history = body.get("history", [])
+    if history:
+        lines.append("history:")
+        for h in history:
+            if h["event"] == "partition_detected":
+                what = f"detected, lost {','.join(h['peers'])} ({'majority' if h['majority'] else 'minority'}) in {h['detection_s']} s"
+            else:
+                what = f"healed, {','.join(h['peers'])} back; heal {h['heal_s']} s, split {h['duration_s']} s"
+            lines.append(f"  {h['id']}: {what}")
+    return "\n".join(lines)
