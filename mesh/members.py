@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any
 
 from mesh.http_client import HttpClientError, request_json
+from mesh.usage import Parser
 
 DEFAULT_HTTP = "127.0.0.1:18083"
 
 
 def members_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="meshd members", description="Print the member list a running node sees.")
-    p.add_argument("--http", default=DEFAULT_HTTP, help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
+    p = Parser(prog="meshd members", description="Print the member list a running node sees.")
+    p.add_argument("--http", metavar="HOST:PORT", default=DEFAULT_HTTP, help=f"the node's HTTP API address (default {DEFAULT_HTTP})")
     p.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
-    args = p.parse_args(argv)
+    args = p.parse(argv)
     try:
         status, body = _get_members(args.http)
     except OSError as exc:

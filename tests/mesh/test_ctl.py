@@ -100,12 +100,13 @@ def test_config_list_and_get_show_value_and_source(capsys, node_factory) -> None
     (["ctl", "nonsense"], "usage: meshd ctl [-h]"),
     (["--no-such-flag"], "usage: meshd [run] [--config FILE]"),
     (["--max-inflight"], "usage: meshd [run] [--config FILE]"),
+    (["members", "--bogus"], "usage: meshd members [-h] [--http HOST:PORT]"),
 ])
 def test_usage_errors_are_one_line_and_the_usage_line(capsys, argv, usage) -> None:
     assert cli.main(argv) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith(("meshd ctl", "meshd:")) and "usage" not in lines[0]
+    assert lines[0].startswith(("meshd ctl", "meshd:", "meshd members:")) and "usage" not in lines[0]
     assert lines[1].startswith(usage)
 
 
