@@ -140,7 +140,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("file", metavar="FILE", help="the password file (created if missing)")
     parser.add_argument("user", metavar="USER", help="the user name")
     how = parser.add_mutually_exclusive_group()
-    how.add_argument("--password", metavar="P", help="the new password")
+    how.add_argument("--password", metavar="PASSWORD", help="the new password")
     how.add_argument("--password-stdin", action="store_true", help="read the new password from the first line of stdin")
     how.add_argument("--delete", action="store_true", help="remove USER from FILE")
     return parser

@@ -1,4 +1,4 @@
-"""`meshd passwd FILE USER [--password P | prompt] [--delete]` (mesh/passwd.py)."""
+"""`meshd passwd FILE USER [--password PASSWORD | prompt] [--delete]` (mesh/passwd.py)."""
 
 from __future__ import annotations
 
