@@ -21,11 +21,12 @@ The JSON field names are a contract (README, "HTTP API"); they follow EMQX's
 from __future__ import annotations
 
 import base64
+import bisect
 import datetime
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import trio
 
@@ -46,6 +47,8 @@ DETAIL_ROWS = 100  # inflight and queued messages listed in a client's detail (c
 # names of the settings that open them (and of /api/v1/status's listeners).
 _LISTENER = {"tcp": "mqtt", "mqtts": "mqtts", "ws": "ws", "wss": "wss"}
 
+
+T = TypeVar("T")
 
 # A row's sort key: (client id,) for clients, (filter, client id) for subscriptions.
 RowKey = Callable[[dict[str, Any]], tuple[str, ...]]
@@ -189,18 +192,16 @@ def subscription_matches(query: str | None, topic_filter: str) -> bool:
     return topic_matches(real if group is not None else topic_filter, query)
 
 
-def _page_of(rows: Iterable[tuple[tuple[str, ...], dict[str, Any]]], after: Sequence[str] | None,
-             limit: int) -> dict[str, Any]:
-    """A member's answer to a list query: the first `limit` rows after the cursor, how
-    many rows match in all, and whether more follow."""
+def _page_of(rows: Iterable[tuple[tuple[str, ...], T]], after: Sequence[str] | None, limit: int,
+             render: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
+    """A member's answer to a list query: the first `limit` rows after the cursor (only
+    those are rendered: a node with 100,000 sessions builds one page), how many rows
+    match in all, and whether more follow."""
     matched = sorted(rows, key=lambda kr: kr[0])
-    start = 0
-    if after is not None:
-        key = tuple(after)
-        while start < len(matched) and matched[start][0] <= key:
-            start += 1
+    start = bisect.bisect_right([k for k, _ in matched], tuple(after)) if after is not None else 0
     page = matched[start:start + limit]
-    return {"items": [r for _, r in page], "count": len(matched), "more": start + limit < len(matched)}
+    return {"items": [render(item) for _, item in page], "count": len(matched),
+            "more": start + limit < len(matched)}
 
 
 class Inventory:
@@ -242,8 +243,8 @@ class Inventory:
         for client_id, session in self.broker.sessions.items():
             conn = connections.get(client_id)
             if flt.admits(session, conn.username if conn is not None else None, conn is not None):
-                rows.append(((client_id,), client_row(self.node_id, session, conn)))
-        return _page_of(rows, after, limit)
+                rows.append(((client_id,), (session, conn)))
+        return _page_of(rows, after, limit, lambda item: client_row(self.node_id, *item))
 
     def _client(self, client_id: str) -> dict[str, Any] | None:
         session = self.broker.sessions.get(client_id)
@@ -262,10 +263,12 @@ class Inventory:
         for session in chosen:
             for topic_filter, options in session.subscriptions.items():
                 if subscription_matches(topic, topic_filter):
-                    row = {"clientid": session.client_id, "node": self.node_id,
-                           **_subscription_fields(topic_filter, options)}
-                    rows.append(((topic_filter, session.client_id), row))
-        return _page_of(rows, after, limit)
+                    rows.append(((topic_filter, session.client_id), (session.client_id, topic_filter, options)))
+        return _page_of(rows, after, limit, self._subscription_row)
+
+    def _subscription_row(self, item: tuple[str, str, SubscriptionOptions]) -> dict[str, Any]:
+        client_id, topic_filter, options = item
+        return {"clientid": client_id, "node": self.node_id, **_subscription_fields(topic_filter, options)}
 
     # ---------------------------------------------------------------- cluster-wide
 
