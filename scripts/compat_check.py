@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,22 @@ class Node:
         if seed is not None:
             args += ["--seed", f"127.0.0.1:{seed}"]
         self.proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # The next node may name this one as its seed: a join that finds the seed not
+        # yet listening is not retried once the joiner knows any other live member
+        # (gossip.swim rejoins only when alone), so start nodes one after the other.
+        try:
+            wait_for(self.listening, TIMEOUT, f"{name} listens")
+        except BaseException:
+            self.stop()  # not in the caller's list yet: nobody else would
+            raise
+
+    def listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.mqtt), timeout=0.2).close()
+            return True
+        except OSError:
+            assert self.proc.poll() is None, f"{self.name} exited early"
+            return False
 
     def members(self) -> dict[str, str]:
         status, body = request_json(f"127.0.0.1:{self.http}", "GET", "/api/v1/members")
