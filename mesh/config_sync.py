@@ -116,7 +116,10 @@ class ConfigSync:
         """Change a cluster setting here; raises ConfigError (naming the key) if refused."""
         register = self.config.set(key, raw, self._wall_ms())
         self._take(register, hops=0)
-        self.gossip.broadcast("config", key, register.to_wire())
+        # Keyed by setting *and* this node: gossip replaces a broadcast of the same key
+        # by send time, not by the registers' HLC, so one key for every node let a
+        # losing change sent a little later stop the winning one from spreading.
+        self.gossip.broadcast("config", f"{key}/{self.node_id}", register.to_wire())
         return register
 
     def get(self, key: str) -> Register | None:

@@ -198,7 +198,11 @@ class Handoffs:
 
     def _announce(self, claim: Claim) -> None:
         if self._peers():
-            self.gossip.broadcast("own", claim.client_id, claim.to_wire())
+            # Keyed by client id *and* this node: gossip lets a broadcast replace an older
+            # one of the same key, judged by when it was sent, not by the claims' HLC.
+            # One key for every node let a claim that loses by HLC, sent a little later
+            # (a slower wall clock), stop the winning claim from spreading.
+            self.gossip.broadcast("own", f"{claim.client_id}/{self.node_id}", claim.to_wire())
 
     def session_ended(self, client_id: str) -> None:
         if client_id in self.register.claims:
@@ -341,6 +345,15 @@ class Handoffs:
             phases.append((type(step).__name__ + ":" + getattr(step, "frame_type", ""), self.clock.now() - started))
             if isinstance(step, Ask):
                 reply = await self.cluster.ask(machine.owner, step.frame_type, step.fields, STEP_TIMEOUT)
+                if "own" in reply:
+                    # Refused for a newer claim: learn it now, so the client's next
+                    # CONNECT here asks the right owner with a newer stamp (and does not
+                    # take this node's losing claim for ownership).
+                    try:
+                        self._take_claim(Claim.from_wire(reply["own"]))
+                    except (TypeError, ValueError) as exc:
+                        self.malformed += 1
+                        log.warning("dropping a malformed claim from %s: %s", machine.owner, exc)
                 step = machine.on_reply(reply)
             elif isinstance(step, Install):
                 await flushed.wait()
@@ -478,7 +491,7 @@ class Handoffs:
         self.register.merge(claim, self._wall_ms())
         current = self.register.get(cid)
         if current is not None and current.stamp > claim.stamp:
-            return {"ok": False, "why": "superseded"}
+            return {"ok": False, "why": "superseded", "own": current.to_wire()}
         session = self.broker.sessions.get(cid)
         if session is None or not session.persistent:
             moved = self.moved.get(cid)

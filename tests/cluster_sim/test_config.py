@@ -107,3 +107,23 @@ def test_a_node_restarted_after_a_change_it_missed_catches_up() -> None:
         assert effective(c, "n1", "max_queued_messages") == 7
 
     sim(scenario)
+
+
+def test_the_winning_change_spreads_even_when_the_losing_one_is_sent_later() -> None:
+    """n1's wall clock runs 5 s ahead: its change wins by HLC although n0's is made a
+    little later.  Gossip replaces a broadcast by send time: were both changes under one
+    key, n0's later, losing one would stop n1's from spreading, and nodes would hold
+    the wrong value until push-pull (30 s).  Keyed per node, the winner is everywhere
+    within a few gossip rounds."""
+
+    async def scenario(c: SimCluster) -> None:
+        c.skew("n1", 5.0)
+        code, _ = await set_config(c, "n1", "max_inflight", 22)
+        assert code == 200
+        await c.run_for(0.005)  # n1's change is on its way, not yet everywhere
+        code, _ = await set_config(c, "n0", "max_inflight", 11)
+        assert code == 200
+        await c.wait_for(lambda: all(effective(c, n, "max_inflight") == 22 for n in c.node_ids), 5,
+                         "the winning value everywhere")
+
+    sim(scenario, nodes=5)

@@ -232,3 +232,36 @@ def test_a_silent_third_node_does_not_stop_a_handoff() -> None:
         assert numbers(sub.received) == list(range(5))
 
     sim(scenario)
+
+
+def test_a_roaming_client_onto_a_node_with_a_slow_clock_gets_its_session_on_the_retry() -> None:
+    """n0's wall clock runs 0.5 s behind.  The client moves n2 -> n1 -> n0 faster than
+    n1's ownership claim spreads: n0's claim is stamped below n1's (HLC by wall time,
+    no causal path between the two CONNECTs), so n2, still asked as the owner, refuses
+    it as the older one (0x8E; last-writer-wins by HLC, ARCHITECTURE.md).  The refusal
+    teaches n0 the newer claim: the device's next attempt, at once, finds the whole
+    session (the bug was an empty session: n0 took its own losing claim for ownership),
+    and gossip spreads n1's claim although n0's losing one was sent later."""
+
+    async def scenario(c: SimCluster) -> None:
+        c.skew("n0", -0.5)
+        sub = await subscribed_then_offline(c, "n2", "roamer", "roam/#")
+        pub = await c.connect("n2", "roam-pub")
+        for i in range(5):
+            await pub.publish("roam/x", str(i).encode(), qos=1)
+        await sub.reconnect("n1", session_expiry=EXPIRY)
+        await c.wait_for(lambda: len(sub.received) == 5, 5, "the first 5 messages")
+        await sub.disconnect()
+        for i in range(5, 10):
+            await pub.publish("roam/x", str(i).encode(), qos=1)
+        await sub.reconnect("n0", session_expiry=EXPIRY)
+        if sub.disconnect_reason == 0x8E:
+            await sub.reconnect("n0", session_expiry=EXPIRY)
+        assert sub.session_present and sub.disconnect_reason is None
+        await c.wait_for(lambda: len(sub.received) >= 10, 5, "the 5 queued messages")
+        check_stream(sub.received, 1, 10)
+        await c.wait_for(lambda: all(c.cluster(n).handoffs.register.owner("roamer") == "n0" for n in c.node_ids),
+                         5, "every node sees n0 as the owner")
+        assert [n for n in c.node_ids if "roamer" in c.running(n).broker.sessions] == ["n0"]
+
+    sim(scenario)
