@@ -33,6 +33,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
+import outcome
 import trio
 import trio.testing
 
@@ -72,6 +73,7 @@ class ClusterParams:
     loss: float = 0.0
     gossip_preset: str = "lan"
     client_latency: float = 0.001  # one way, between a client and its node
+    time_limit: float = 3600.0  # virtual seconds the scenario may take (SimTimeout past it)
 
 
 class SkewedClock(TrioClock):
@@ -388,6 +390,11 @@ def _deterministic_scheduling(seed: int) -> Iterator[None]:
         run._r.setstate(state)
 
 
+async def _start_then(cluster: SimCluster, scenario: Callable[[SimCluster], Awaitable[T]]) -> T:
+    await cluster.start()
+    return await scenario(cluster)
+
+
 def run_cluster(params: ClusterParams, scenario: Callable[[SimCluster], Awaitable[T]]) -> T:
     """Start the cluster, run `scenario(cluster)` and return its result; every node is
     killed at the end (what is left of the run goes with it).  `trio.run` with
@@ -397,15 +404,19 @@ def run_cluster(params: ClusterParams, scenario: Callable[[SimCluster], Awaitabl
         async with trio.open_nursery() as nursery:
             cluster = SimCluster(params, nursery)
             await nursery.start(cluster.net.run)
-            try:
-                await cluster.start()
-                result = await scenario(cluster)
-            finally:
-                with trio.CancelScope(shield=True):
-                    for node_id in cluster.node_ids:
-                        await cluster.kill(node_id)
-                nursery.cancel_scope.cancel()
-            return result
+            # Gossip's timers never let the clock stand still: a scenario stuck on
+            # something that never comes would run through virtual time forever.
+            with trio.move_on_after(params.time_limit) as limit:
+                # Captured, not raised here: out of the nursery it would come wrapped
+                # in an ExceptionGroup; the caller gets the scenario's own exception.
+                result = await outcome.acapture(_start_then, cluster, scenario)
+            if limit.cancel_called and isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled):
+                result = outcome.Error(SimTimeout(f"the scenario ran past its time limit ({params.time_limit} virtual s)"))
+            with trio.CancelScope(shield=True):
+                for node_id in cluster.node_ids:
+                    await cluster.kill(node_id)
+            nursery.cancel_scope.cancel()
+        return result.unwrap()
 
     with _deterministic_scheduling(params.seed):
         return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

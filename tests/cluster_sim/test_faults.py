@@ -128,3 +128,33 @@ def test_a_subscribers_node_killed_while_it_was_offline_keeps_its_session_and_ro
         assert sub.payloads() == [b"wake"]
 
     sim(scenario)
+
+
+def test_a_one_way_partition_stalls_forwards_and_loses_nothing() -> None:
+    """n0 -> n1 cut one way only: n1 stays alive for everyone (indirect probes through
+    n2 answer for it), so n0 does not hold; its forwards to n1 stall on the link (and
+    so do their PUBACKs: a liveness limit, not a loss).  After the heal every message
+    arrives, in order."""
+
+    async def scenario(c: SimCluster) -> None:
+        sub = await c.connect("n1", "one-way-sub")
+        await sub.subscribe("ow/#", 1)
+        await wait_route(c, "ow/#", {"n1"})
+        pub = await c.connect("n0", "one-way-pub")
+        c.cut(["n0"], ["n1"], one_way=True)
+        acked: list[int] = []
+        async with trio.open_nursery() as nursery:
+            async def publish_all() -> None:
+                for i in range(10):
+                    assert await pub.publish("ow/x", str(i).encode(), qos=1) == 0
+                    acked.append(i)
+
+            nursery.start_soon(publish_all)
+            await c.run_for(20.0)
+            assert not sub.received  # nothing crosses the cut
+            assert c.gossip("n0").member_state("n1") in ("alive", "suspect")
+            c.heal()
+        await c.wait_for(lambda: len(sub.received) >= 10, 10, "every message")
+        check_stream(sub.received, 1, 10)
+
+    sim(scenario)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulation.cluster import ClusterParams, SimCluster, run_cluster
+import pytest
+import trio
+
+from simulation.cluster import ClusterParams, SimCluster, SimTimeout, run_cluster
 from simulation.events import SimEvent
 
 
@@ -21,6 +24,11 @@ async def busy_life(c: SimCluster) -> None:
     for i in range(10):
         for q, pub in enumerate(pubs):
             await pub.publish(f"life/{i}/x", f"{pub.client_id}:{i}".encode(), qos=q + 1)
+    c.cut(["n0"], ["n1"], one_way=True)  # the acks of n1's forwards to n0 stall
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pubs[0].publish, "life/cut/x", b"cut", 1)
+        await c.run_for(1.0)
+        c.heal()
     await c.kill("n2")
     await c.wait_converged()
     await sub.reconnect("n1", session_expiry=3600)
@@ -115,3 +123,11 @@ def test_a_different_seed_gives_a_different_interleaving_but_the_same_outcome() 
 
     outcomes = {tuple(run_cluster(ClusterParams(nodes=3, seed=seed), scenario)) for seed in (1, 2, 3)}
     assert len(outcomes) == 1
+
+
+def test_a_stuck_scenario_ends_at_its_virtual_time_limit() -> None:
+    async def scenario(c: SimCluster) -> None:
+        await trio.sleep_forever()
+
+    with pytest.raises(SimTimeout, match="time limit"):
+        run_cluster(ClusterParams(nodes=2, time_limit=600.0), scenario)
