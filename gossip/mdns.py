@@ -13,7 +13,8 @@ import ipaddress
 import logging
 import random
 import socket
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import trio
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # zeroconf itself is imported only when mDNS runs
 log = logging.getLogger("meshd.gossip.mdns")
 
 SERVICE_TYPE = "_meshd._udp.local."
+MDNS_PORT = 5353  # RFC 6762; `mdns_port` moves it (two clusters, or a test, on one host)
 REJOIN_AFTER = 30.0  # seconds before the same address is joined again (at most one re-announce interval)
 
 
@@ -64,8 +66,9 @@ class MdnsHost(Protocol):
 
 
 class MdnsDiscovery:
-    def __init__(self, service: MdnsHost, *, clock: Clock, rng: random.Random) -> None:
+    def __init__(self, service: MdnsHost, *, clock: Clock, rng: random.Random, port: int = MDNS_PORT) -> None:
         self.service = service
+        self.port = port  # the mDNS port (not the gossip port it announces)
         self.clock = clock
         self.rng = rng
         self.discovered: dict[str, tuple[str, int]] = {}  # node id -> gossip address
@@ -122,11 +125,11 @@ class MdnsDiscovery:
                 await trio.to_thread.run_sync(self._stop, zc)
 
     def _start(self, host: str, port: int, on_change: BrowserHandler) -> Zeroconf:
-        from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, Zeroconf
+        from zeroconf import ServiceBrowser, ServiceInfo
 
         svc = self.service
         # only the interface that carries our gossip address: mDNS stays on that LAN
-        zc = Zeroconf(interfaces=[host], ip_version=IPVersion.V4Only)
+        zc = open_zeroconf(host, self.port)
         info = ServiceInfo(
             SERVICE_TYPE,
             instance_name(svc.node_id),
@@ -137,7 +140,7 @@ class MdnsDiscovery:
         )
         try:
             zc.register_service(info, allow_name_change=True)
-            self._browser = ServiceBrowser(zc, SERVICE_TYPE, handlers=[on_change])
+            self._browser = ServiceBrowser(zc, SERVICE_TYPE, handlers=[on_change], port=self.port)
         except BaseException:
             zc.close()
             raise
@@ -197,3 +200,44 @@ class MdnsDiscovery:
         self._joined_at[(addr, port)] = now
         log.info("mDNS found %s at %s:%s", node_id, addr, port)
         svc.join([(addr, port)])
+
+
+# zeroconf has no setting for the port: its sockets bind 5353 and its sends go to 5353.
+# On another port, `open_zeroconf` builds the same sockets as zeroconf does for one
+# interface, bound to that port, and `_MovedZeroconf` sends to that port whatever
+# zeroconf would send to 5353. Nodes on different mDNS ports never hear each other.
+_SOCKETS_LOCK = threading.Lock()  # zeroconf's socket factory is swapped while one is built
+
+
+def open_zeroconf(host: str, port: int) -> Zeroconf:
+    """Zeroconf on the interface of `host` (IPv4), mDNS on `port`."""
+    from zeroconf import IPVersion, Zeroconf
+
+    if port == MDNS_PORT:
+        return Zeroconf(interfaces=[host], ip_version=IPVersion.V4Only)
+    from zeroconf import _core
+    from zeroconf._utils import net
+
+    def sockets_on_port(*_args: Any, **_kwargs: Any) -> tuple[socket.socket, list[socket.socket]]:
+        listen = net.new_socket(bind_addr=("",), port=port)
+        respond = net.new_socket(bind_addr=(host,), port=port)
+        if listen is None or respond is None:
+            raise OSError(f"cannot bind mDNS port {port}")
+        net.add_multicast_member(listen, host)
+        respond.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(host))
+        net.set_respond_socket_multicast_options(respond, IPVersion.V4Only)
+        return listen, [respond]
+
+    moved = port
+
+    class _MovedZeroconf(Zeroconf):
+        def async_send(self, out: Any, addr: str | None = None, port: int = MDNS_PORT, *args: Any, **kwargs: Any) -> None:
+            super().async_send(out, addr, moved if port == MDNS_PORT else port, *args, **kwargs)
+
+    with _SOCKETS_LOCK:
+        original = _core.create_sockets
+        _core.create_sockets = sockets_on_port
+        try:
+            return _MovedZeroconf(interfaces=[host], ip_version=IPVersion.V4Only)
+        finally:
+            _core.create_sockets = original

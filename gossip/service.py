@@ -18,18 +18,21 @@ from typing import Awaitable, Callable, Sequence
 import trio
 
 from clock import Clock, TrioClock
+from oplog import Event, log_event
 
 from . import wire
 from .config import GossipConfig, preset as get_preset
-from .events import ALIVE, SUSPECT, BroadcastReceived, MemberChanged, MemberState
+from .events import ALIVE, DEAD, LEFT, SUSPECT, BroadcastReceived, MemberChanged, MemberState
 from .keyring import OVERHEAD as SEAL_OVERHEAD
 from .keyring import DecryptError, Keyring, parse_key
-from .mdns import MdnsDiscovery
+from .mdns import MDNS_PORT, MdnsDiscovery
 from .swim import Addr, MemberInfo, Swim, frame_body
 from .transport import NetTransport, StreamTls, StreamTransport, TlsStreams, Transport
 from .trace import NullTraceWriter, TraceWriter
 
 log = logging.getLogger("meshd.gossip")
+
+_MEMBER_EVENTS = {SUSPECT: Event.MEMBER_SUSPECT, DEAD: Event.MEMBER_DEAD, LEFT: Event.MEMBER_LEFT}
 
 UDP_AAD = b"meshd-gossip-udp"
 TCP_AAD = b"meshd-gossip-tcp"
@@ -53,6 +56,7 @@ class GossipService:
         cluster_name: str = "meshd",
         cluster_key: str | None = None,
         mdns: bool = True,
+        mdns_port: int = MDNS_PORT,
         trace: TraceWriter | NullTraceWriter,
         preset: str = "lan",
         advertise_host: str | None = None,
@@ -76,6 +80,7 @@ class GossipService:
         self.seeds = [(str(h), int(p)) for h, p in seeds]
         self.cluster_name = cluster_name
         self.mdns = mdns
+        self.mdns_port = mdns_port
         self.trace = trace
         self.config = config if config is not None else get_preset(preset)
         self.advertise_host = advertise_host
@@ -92,6 +97,7 @@ class GossipService:
         self._push_pull: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._broadcast_handlers: dict[str, list[Callable[[str, object], None]]] = {}
         self._member_handlers: list[Callable[[str, MemberState], None]] = []
+        self._member_states: dict[str, MemberState] = {}  # the last state logged per member
         self._pending_broadcasts: list[tuple[str, str, object]] = []
         self._given_transport = transport
         self._stream_tls = stream_tls
@@ -252,7 +258,7 @@ class GossipService:
                         log.warning("some seeds did not resolve: %s", self.seeds)
                     self.swim.join(seeds, self.clock.now())
                 if self.mdns:
-                    nursery.start_soon(MdnsDiscovery(self, clock=self.clock, rng=self.rng).run)
+                    nursery.start_soon(MdnsDiscovery(self, clock=self.clock, rng=self.rng, port=self.mdns_port).run)
                 await self._flush()
                 task_status.started(port)
         finally:
@@ -356,6 +362,7 @@ class GossipService:
                 origin_ts_us=ev.origin_ts_us, event_id=ev.event_id, hops=ev.hops, incarnation=ev.incarnation,
             )
             if ev.member != self.node_id:
+                self._log_member(ev)
                 for h in self._member_handlers:
                     _call(h, ev.member, ev.state)
         elif isinstance(ev, BroadcastReceived):
@@ -366,6 +373,21 @@ class GossipService:
             if not ev.local:
                 for h in self._broadcast_handlers.get(ev.kind, ()):
                     _call(h, ev.origin, ev.payload)
+
+    def _log_member(self, ev: MemberChanged) -> None:
+        """One line per change of another member: joined (first seen), rejoined (back
+        after dead or left), alive (a suspicion refuted), suspect, dead, left."""
+        before = self._member_states.get(ev.member)
+        self._member_states[ev.member] = ev.state
+        if ev.state == before:
+            return
+        if ev.state == ALIVE:
+            event = Event.MEMBER_JOINED if before is None else (
+                Event.MEMBER_ALIVE if before == SUSPECT else Event.MEMBER_REJOINED)
+        else:
+            event = _MEMBER_EVENTS[ev.state]
+        log_event(log, event, logging.WARNING if ev.state == DEAD else logging.INFO, member=ev.member,
+                  address=f"{ev.address[0]}:{ev.address[1]}", incarnation=ev.incarnation, reported_by=ev.origin)
 
     # ------------------------------------------------------------------ push-pull
 

@@ -34,6 +34,7 @@ from mesh.config_sync import register_entry, setting_in_effect, settings_in_effe
 from mesh.http_api import HttpError, Request, Response, Router, error_response, json_response
 from mesh.inventory import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, ClientFilter, Missing, Page
 from mesh.metrics import CONTENT_TYPE, Metrics
+from mesh.node_metrics import RetainedCounts, retained_counts
 from mqtt import ReasonCode
 
 
@@ -49,7 +50,7 @@ class ApiBroker(Protocol):
     @property
     def sessions(self) -> Sized: ...
     @property
-    def retained(self) -> Sized: ...
+    def retained(self) -> RetainedCounts: ...
     @property
     def connections(self) -> Mapping[str, Kickable]: ...
     def client_count(self) -> int: ...
@@ -141,7 +142,8 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
             "connected_clients": broker.client_count(),
             "sessions": len(broker.sessions),
             "subscriptions": broker.subscription_count(),
-            "retained_messages": len(broker.retained),
+            "retained_messages": retained_counts(broker.retained)[0],
+            "sys_retained_messages": retained_counts(broker.retained)[1],
             "listeners": listeners,
         })
 

@@ -523,3 +523,13 @@ def anonymous_exposure_warning(allow_anonymous: bool, listen_hosts: Iterable[str
     return (f"anonymous access is on (allow_anonymous) and MQTT listens beyond loopback "
             f"({', '.join(exposed)}): anyone who can reach the node can publish and subscribe; "
             "set password_file and allow_anonymous = false")
+
+
+def api_exposure_warning(http_host: str | None, has_token: bool) -> str | None:
+    """The warning to log at start when the HTTP API (which changes cluster settings
+    and kicks clients) listens beyond loopback without an admin token. None otherwise."""
+    if http_host is None or has_token or _is_loopback(http_host):
+        return None
+    return (f"the HTTP API listens beyond loopback ({http_host or '*'}) without an admin token: anyone who "
+            "can reach it can change cluster settings and kick clients; set one with --api-token-file FILE "
+            "(env MESHD_API_TOKEN_FILE, TOML api_token_file), or listen on 127.0.0.1")

@@ -27,6 +27,7 @@ from clock import Clock, SystemClock
 from mesh.client_port import ClientPort, PublishCache
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
 from mqtt.topics import parse_shared_subscription
+from oplog import Event, log_event
 from routing.forward import ForwardTarget
 from routing.links import AckGate
 from routing.retained import RetainedIndex
@@ -339,7 +340,7 @@ class Broker:
                     continue
                 deadline = session.expires_at()
                 if deadline is not None and deadline <= now:
-                    log.info("session %s expired", key)
+                    log_event(log, Event.SESSION_EXPIRED, client_id=key, expiry=session.expiry_interval, while_down=False)
                     self._end_session(session, now, publish_pending_will=True)
 
     # ------------------------------------------------------------ subscriptions
@@ -778,7 +779,7 @@ class Broker:
     def _schedule_expiry(self, session: Session, now: float) -> None:
         deadline = session.expires_at()
         if deadline is not None and deadline <= now:
-            log.info("session %s expired while the node was down", session.client_id)
+            log_event(log, Event.SESSION_EXPIRED, client_id=session.client_id, expiry=session.expiry_interval, while_down=True)
             self._end_session(session, now, publish_pending_will=True)
         elif deadline is not None:
             self._add_timer(deadline, "expire", session.client_id, 0)

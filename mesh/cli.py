@@ -130,7 +130,7 @@ def _run(argv: list[str]) -> int:
         return 2
     from mesh.logs import setup_logging
 
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, log_format=settings.log_format)
     try:
         from mesh.run import run_node
     except ModuleNotFoundError as e:

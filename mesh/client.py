@@ -28,8 +28,9 @@ from mesh.client_port import PublishCache
 from mesh.limits import TokenBucket
 from mqtt import EMPTY_PROPERTIES, Connect, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, patch_publish
 from mqtt.server import ConnectRefused, ProtocolViolation, PublishReleased, PublishRepeated, ServerConnection, ServerSettings
+from oplog import Event, log_event
 from routing.links import AckGate
-from session_store.model import Delivery, Session
+from session_store.model import NEVER_EXPIRES, Delivery, Session
 
 if TYPE_CHECKING:
     from mesh.broker import Broker, BrokerLimits
@@ -59,6 +60,14 @@ def _server_settings(limits: "BrokerLimits", connect_timeout: float) -> ServerSe
     )
 
 
+def reason_name(code: int) -> str:
+    """`not_authorized` for 0x87: the name of a v5 reason code, for log lines."""
+    try:
+        return ReasonCode(code).name.lower()
+    except ValueError:
+        return "unknown"
+
+
 def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
     """What the machine grants, shared by every connection under the same limits."""
     return _server_settings(broker.limits, connect_timeout)
@@ -68,7 +77,7 @@ class Client:
     __slots__ = (
         "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
         "session", "acl", "acl_generation", "closing", "pending_connect", "_publish_bucket", "_rate_delay",
-        "_pending_acks", "_holds_slot",
+        "_pending_acks", "_holds_slot", "close_reason",
     )
 
     def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
@@ -94,6 +103,9 @@ class Client:
         # Acks waiting for a sync or a remote node, in order; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, bytes]] | None = None
         self._holds_slot = False  # admitted: one of security's max_connections slots is ours
+        # Why the connection ended, for the `client.disconnected` line: (reason, code);
+        # None until it ends, and then a lost connection (no DISCONNECT, no close).
+        self.close_reason: tuple[str, int | None] | None = None
 
     # -------------------------------------------------------------- to the I/O side
 
@@ -121,6 +133,8 @@ class Client:
             return
         self.closing = True
         self.release_slot()
+        if self.close_reason is None:
+            self.close_reason = ("closed", None) if reason is None else (reason_name(reason), reason)
         data = self.machine.close(reason)
         if data:
             self.write(data)
@@ -162,6 +176,7 @@ class Client:
                 if event.properties.session_expiry_interval is not None:
                     assert self.session is not None
                     self.broker.set_expiry(self.session, event.properties.session_expiry_interval)
+                self.close_reason = ("client_disconnect", event.reason_code)
                 self.closing = True
                 self.release_slot()  # the client is gone as of now: its slot is free for its reconnect
             elif type(event) is Connect:
@@ -173,11 +188,23 @@ class Client:
                     return True
                 self.open_session(event, now)
             elif type(event) is ConnectRefused:
-                log.info("%s: CONNECT refused: %s (reason 0x%02X)", self.peer, event.message, event.reason_code)
-                self.close(event.reason_code)
+                self.refuse(event.reason_code, event.message)
             elif type(event) is ProtocolViolation:
                 self._protocol_violation(event)
         return True
+
+    def refuse(self, reason_code: int, detail: str) -> None:
+        """Refuse the CONNECT: one `client.refused` line, then the CONNACK with the code."""
+        log_event(log, Event.CLIENT_REFUSED, client_id=self.client_id or None, address=self.peer,
+                  listener=self.transport, username=self.username, code=f"0x{reason_code:02X}",
+                  reason=reason_name(reason_code), detail=detail)
+        self.close(reason_code)
+
+    def log_disconnected(self) -> None:
+        """The `client.disconnected` line of a connection whose CONNECT was accepted."""
+        reason, code = self.close_reason or ("connection_lost", None)
+        log_event(log, Event.CLIENT_DISCONNECTED, client_id=self.client_id, address=self.peer,
+                  listener=self.transport, reason=reason, code=None if code is None else f"0x{code:02X}")
 
     def _protocol_violation(self, event: ProtocolViolation) -> None:
         self.broker.stats.protocol_errors += 1
@@ -209,7 +236,7 @@ class Client:
             return True
         refusal = security.admit(self.peer_ip, self.clock.now())
         if refusal is not None:
-            self.close(refusal)
+            self.refuse(refusal, "connection limits")
             return False
         self._holds_slot = True
         return True
@@ -231,7 +258,7 @@ class Client:
         if security is None or result is None:
             return True
         if not result.ok:
-            self.close(result.reason_code)
+            self.refuse(result.reason_code, result.detail or "authentication")
             return False
         if result.username is not None:
             self.username = result.username
@@ -239,8 +266,7 @@ class Client:
         self.acl_generation = security.acl_generation
         if c.will is not None and self.acl is not None and not self.acl.can_publish(c.will.topic):
             security.denied("publish")
-            log.info("%s: %s refused: the will topic %r is not allowed by the ACL", self.peer, c.client_id, c.will.topic)
-            self.close(ReasonCode.NOT_AUTHORIZED)
+            self.refuse(ReasonCode.NOT_AUTHORIZED, "the will topic is not allowed by the ACL")
             return False
         return True
 
@@ -250,12 +276,17 @@ class Client:
         assigned = None
         if not client_id:
             client_id = self.client_id = assigned = self.broker.assign_client_id()
+        old = self.broker.connections.get(client_id)
+        if old is not None and old is not self:
+            log_event(log, Event.CLIENT_TAKEN_OVER, client_id=client_id, from_connection=old.peer, address=self.peer)
         session, present = self.broker.open_session(self, c, client_id, now)
         self.session = session
         self.write(self.machine.accept(session_present=present, assigned_client_identifier=assigned,
                                        response_information=f"meshd/response/{client_id}"))
-        log.debug("%s: %s connected (v%d, %s, session present=%s)", self.peer, client_id, c.protocol_level,
-                  self.transport, present)
+        expiry = session.expiry_interval
+        log_event(log, Event.CLIENT_CONNECTED, client_id=client_id, address=self.peer, listener=self.transport,
+                  protocol=c.protocol_level, clean=c.clean_start, expiry="never" if expiry == NEVER_EXPIRES else expiry,
+                  keepalive=self.machine.keep_alive, session_present=present, username=self.username)
         if present:
             self._resume(now)
 

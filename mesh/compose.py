@@ -101,6 +101,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         cluster_name=settings.cluster_name,
         cluster_key=settings.cluster_key,
         mdns=settings.mdns,
+        mdns_port=settings.mdns_port,
         trace=trace,
         config=gossip_config,
         advertise_host=settings.gossip_advertise,

@@ -367,6 +367,7 @@ class Settings:
     gossip: HostPort = _setting(HostPort("0.0.0.0", 7946), Addr(), "gossip (UDP) and mesh link (TCP) address")
     seed: tuple[HostPort, ...] = _setting((), AddrList(), "gossip address of a node to join (repeatable; env/TOML: comma-separated)")
     mdns: bool = _setting(True, Bool(), "find other nodes on the LAN by mDNS")
+    mdns_port: int = _setting(5353, Int(1, 65535, metavar="PORT"), "UDP port mDNS discovery uses (5353 is the standard one; another keeps two clusters on one host, or a test, apart)")
     cluster_name: str = _setting("meshd", Str(pattern=r"[A-Za-z0-9_.-]{1,64}", pattern_help="1..64 of [A-Za-z0-9_.-]", metavar="NAME"), "only nodes with the same cluster name join")
     cluster_key: str | None = _setting(None, Str(optional=True, metavar="SECRET"), "shared secret: authenticates and encrypts node-to-node traffic", secret=True)
     gossip_preset: str = _setting("lan", Str(choices=("lan", "wan", "local"), metavar="PRESET"), "gossip timing: lan (memberlist LAN defaults), wan (slower links), local (loopback and tests, 10x faster)")
@@ -380,6 +381,8 @@ class Settings:
     allow_publish_during_netsplit: bool = _setting(True, Bool(), "accept PUBLISHes while this node is on the minority side of a partition (off: PUBACK/PUBREC 0x83 on v5, dropped on v3)")
     trace: bool = _setting(True, Bool(), "write convergence traces to DATA_DIR/traces")
     log_level: str = _setting("info", Str(choices=("debug", "info", "warning", "error"), metavar="LEVEL"), "log level")
+    log_format: str = _setting("text", Str(choices=("text", "json"), metavar="FORMAT"), "log lines as text (time level logger: message) or as one JSON object per line (README \"Logs\")")
+    ready_file: str | None = _setting(None, Str(optional=True, metavar="FILE"), "once every listener is bound, write FILE (JSON: node id, pid, bound ports); removed on a clean stop")
     max_keepalive: int = _setting(65535, Int(0, 65535, "seconds", metavar="SECONDS"), "largest keep alive granted; v5 clients asking for more (or 0) get it as Server Keep Alive; MQTT 3.1/3.1.1 clients asking for more (or 0) are refused with CONNACK return code 2, as 3.1.1 cannot carry it (65535: no maximum)")
     max_packet_size: int = _setting(1048576, Int(16, 268435460, "bytes", metavar="BYTES"), "largest MQTT packet accepted")
     receive_maximum: int = _setting(1024, Int(1, 65535), "inbound QoS 1/2 window per client")
@@ -577,15 +580,23 @@ def resolve_node_id(settings: Settings) -> str:
         return settings.node_id
     path = os.path.join(settings.data_dir, NODE_ID_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            stored = f.read().strip()
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
-        stored = ""
+        raw = None
     except OSError as e:
         raise ConfigError("data_dir", f"cannot read {path}: {e.strerror or e}") from None
-    if stored:
+    if raw is not None:
+        # meshd writes this file atomically: anything else in it was put there by hand
+        # or by damage, and guessing a new id would make this node someone else.
+        fix = "fix or delete the file, or pass --node-id"
+        try:
+            stored = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ConfigError("node_id", f"{path} is not UTF-8 text; {fix}") from None
         if not re.fullmatch(_NODE_ID_RE, stored):
-            raise ConfigError("node_id", f"bad node id {stored!r} stored in {path}")
+            shown = repr(stored[:40]) + ("..." if len(stored) > 40 else "") if stored else "nothing"
+            raise ConfigError("node_id", f"{path} holds {shown}, not a node id (1..128 of [A-Za-z0-9_.-]); {fix}")
         return stored
     node_id = f"{_sanitise(socket.gethostname())}-{secrets.token_hex(3)}"
     try:

@@ -19,6 +19,7 @@ from clock import Clock
 from mesh.broker import BrokerLimits
 from mesh.cluster_config import ClusterConfig, Register
 from mesh.config import SETTINGS, SETTINGS_BY_NAME, ConfigError, Settings
+from oplog import Event, log_event
 
 log = logging.getLogger("meshd.config")
 
@@ -158,8 +159,9 @@ class ConfigSync:
         )
         self._apply(register)
         value = register.value
-        shown = f"{len(value)} bytes of TOML" if register.key == "acl" and isinstance(value, str) else repr(value)
-        log.info("cluster setting %s = %s (from %s, HLC %s)", register.key, shown, register.origin, stamp)
+        shown = f"{len(value)} bytes of TOML" if register.key == "acl" and isinstance(value, str) else value
+        log_event(log, Event.CONFIG_APPLIED, key=register.key, value=shown if isinstance(shown, (str, int, float, bool)) else repr(shown),
+                  origin=register.origin, hlc=str(stamp))
 
     def _apply(self, register: Register) -> None:
         key, value = register.key, register.value

@@ -155,7 +155,8 @@ class ClientConnection(Client):
                         log.info("%s: no CONNECT in time; closing", self.peer)
                         self.closing = True
                     else:
-                        log.info("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, self.machine.keep_alive * 1.5)
+                        # The client.disconnected line says keep_alive_timeout.
+                        log.debug("%s: %s keep alive timeout (%.0f s)", self.peer, self.client_id, self.machine.keep_alive * 1.5)
                         self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
                     return
                 if self._park(now):
@@ -173,6 +174,7 @@ class ClientConnection(Client):
                 self.release_slot()
                 with trio.CancelScope(shield=True):
                     if self.session is not None:
+                        self.log_disconnected()
                         self.broker.connection_lost(self, self.clock.wall(), publish_will=True)
                     await self._final_flush()
                     await self.stream.aclose()

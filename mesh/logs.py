@@ -1,13 +1,17 @@
-"""Logging setup for the node: one line per record (time, level, logger, message)."""
+"""Logging setup for the node: one line per record (time, level, logger, message),
+as text or (`log_format = "json"`) as one JSON object per line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
 from typing import TextIO
 
-__all__ = ["setup_logging", "LineFormatter", "LEVELS"]
+from oplog import EVENT_ATTR, FIELDS_ATTR
+
+__all__ = ["setup_logging", "LineFormatter", "JsonFormatter", "LEVELS", "FORMATS"]
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -28,8 +32,7 @@ class LineFormatter(logging.Formatter):
     """
 
     def format(self, record: logging.LogRecord) -> str:
-        t = time.gmtime(record.created)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
+        stamp = _stamp(record)
         message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
         line = f"{stamp} {record.levelname} {record.name}: {message}"
         if record.exc_info:
@@ -42,12 +45,44 @@ class LineFormatter(logging.Formatter):
         return line
 
 
+def _stamp(record: logging.LogRecord) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"ts": ..., "level": "INFO", "logger": "meshd.client", "event": "client.connected", "client_id": "c1", ...}`.
+
+    An operator event (`oplog.log_event`) gives its event name and fields as keys;
+    any other record gives its text as `msg` (and a traceback as `exc`).
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {"ts": _stamp(record), "level": record.levelname, "logger": record.name}
+        event = getattr(record, EVENT_ATTR, None)
+        if event is not None:
+            out["event"] = event
+            fields = getattr(record, FIELDS_ATTR, {})
+            # A field never hides the line's own keys.
+            out.update({k: v for k, v in fields.items() if k not in out})
+        else:
+            out["msg"] = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        return json.dumps(out, default=str)
+
+
+FORMATS: dict[str, type[logging.Formatter]] = {"text": LineFormatter, "json": JsonFormatter}
+
+
 class _MeshdHandler(logging.StreamHandler[TextIO]):
     """Marks the handler we installed, so a second setup replaces it."""
 
 
-def setup_logging(level: str, stream: TextIO | None = None) -> logging.Handler:
-    """Send all logging to `stream` (stderr) at `level` (debug/info/warning/error).
+def setup_logging(level: str, stream: TextIO | None = None, log_format: str = "text") -> logging.Handler:
+    """Send all logging to `stream` (stderr) at `level` (debug/info/warning/error),
+    as text lines or JSON lines (`log_format`).
 
     Idempotent: calling it again replaces the handler it installed before.
     """
@@ -55,12 +90,16 @@ def setup_logging(level: str, stream: TextIO | None = None) -> logging.Handler:
         numeric = LEVELS[level.lower()]
     except KeyError:
         raise ValueError(f"unknown log level {level!r} (expected one of {', '.join(LEVELS)})") from None
+    try:
+        formatter = FORMATS[log_format.lower()]()
+    except KeyError:
+        raise ValueError(f"unknown log format {log_format!r} (expected one of {', '.join(FORMATS)})") from None
     root = logging.getLogger()
     for h in list(root.handlers):
         if isinstance(h, _MeshdHandler):
             root.removeHandler(h)
     handler = _MeshdHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(LineFormatter())
+    handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(numeric)
     for name in _QUIET:

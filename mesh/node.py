@@ -40,6 +40,7 @@ from mesh.doorbell import Doorbell
 from mesh.http_api import Router, serve_http
 from mesh.parked import ParkedConnection
 from mesh.parking import ParkingLot
+from mesh.ready import remove_ready_file, write_ready_file
 from mesh.security import Security
 from mesh.streams import ByteStream, SocketByteStream
 from mesh.tls import accept_tls, peer_common_name
@@ -152,6 +153,7 @@ class Node:
 
     async def serve(self, *, task_status: trio.TaskStatus[dict[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
+        remove_ready_file(s.ready_file)
         async with trio.open_nursery() as connections:
             self._connections = connections
             lot = self._lot = ParkingLot(self.clock)
@@ -187,6 +189,7 @@ class Node:
                 )
                 for line in self.security.startup_warnings([getattr(s, n).host for n in ("mqtt", "ws", "mqtts", "wss") if getattr(s, n) is not None]):
                     log.warning("%s", line)
+                write_ready_file(s.ready_file, self.node_id, __version__, self.ports)
                 task_status.started(dict(self.ports))
                 await self._shutdown.wait()
                 log.info("shutting down: leaving the cluster, closing listeners")
@@ -204,6 +207,7 @@ class Node:
             await self._commit_pending()
         self.store.close()
         self.trace.close()
+        remove_ready_file(s.ready_file)
         log.info("node %s stopped", self.node_id)
 
     async def _open_listeners(self, key: str, addr: HostPort) -> list[trio.SocketListener]:

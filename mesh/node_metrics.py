@@ -14,13 +14,25 @@ from mesh.metrics import Metrics
 from session_store.store import StoreStats
 
 
+class RetainedCounts(Protocol):
+    def __len__(self) -> int: ...
+    def count_under(self, first_level: str) -> int: ...
+
+
+def retained_counts(retained: RetainedCounts) -> tuple[int, int]:
+    """(users', `$SYS`) retained messages: the broker's own `$SYS` topics are not
+    messages anyone published, so they are counted apart."""
+    own = retained.count_under("$SYS")
+    return len(retained) - own, own
+
+
 class BrokerCounts(Protocol):
     @property
     def stats(self) -> BrokerStats: ...
     @property
     def sessions(self) -> Sized: ...
     @property
-    def retained(self) -> Sized: ...
+    def retained(self) -> RetainedCounts: ...
     def client_count(self) -> int: ...
     def subscription_count(self) -> int: ...
 
@@ -154,7 +166,10 @@ def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCoun
     m.counter_callback("meshd_connections_total", "client connections accepted", lambda: stats.connections_total)
     m.gauge_callback("meshd_sessions", "sessions held (connected and persistent offline)", lambda: len(broker.sessions))
     m.gauge_callback("meshd_subscriptions", "subscriptions held", lambda: broker.subscription_count())
-    m.gauge_callback("meshd_retained_messages", "retained messages held", lambda: len(broker.retained))
+    m.gauge_callback("meshd_retained_messages", "retained messages held (not counting $SYS)",
+                     lambda: retained_counts(broker.retained)[0])
+    m.gauge_callback("meshd_sys_retained_messages", "the broker's own $SYS retained messages",
+                     lambda: retained_counts(broker.retained)[1])
     m.counter_callback(
         "meshd_messages_received_total", "PUBLISH packets received from clients, by QoS",
         lambda: {str(q): n for q, n in enumerate(stats.messages_in)}, ("qos",),

@@ -19,7 +19,7 @@ import trio
 
 from clock import Clock
 from mesh.acl import Acl, AclError, AclFile, ClientAcl
-from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning
+from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning, api_exposure_warning
 from mesh.config import ConfigError, Settings
 from mesh.limits import MemoryGuard, PerKeyRateLimiter, rate_limit_key_for_ip
 from mesh.tls import TlsConfigError, server_context
@@ -100,6 +100,10 @@ class Security:
     def startup_warnings(self, listen_hosts: list[str]) -> list[str]:
         warnings = []
         line = anonymous_exposure_warning(self.settings.allow_anonymous, listen_hosts)
+        if line:
+            warnings.append(line)
+        http = self.settings.http
+        line = api_exposure_warning(http.host if http is not None else None, self.api_token is not None)
         if line:
             warnings.append(line)
         if self.settings.memory_limit and not self.memory.available:

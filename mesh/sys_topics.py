@@ -12,7 +12,7 @@ import trio
 from clock import Clock
 from gossip.swim import MemberInfo
 from mesh import __version__
-from mesh.node_metrics import BrokerCounts
+from mesh.node_metrics import BrokerCounts, retained_counts
 from mqtt import EMPTY_PROPERTIES, Properties
 from session_store.model import Message
 
@@ -64,7 +64,7 @@ def sys_values(broker: SysBroker, uptime_s: float) -> list[tuple[str, str]]:
         ("$SYS/broker/bytes/received", str(stats.bytes_in)),
         ("$SYS/broker/bytes/sent", str(stats.bytes_out)),
         ("$SYS/broker/subscriptions/count", str(broker.subscription_count())),
-        ("$SYS/broker/retained messages/count", str(len(broker.retained))),
+        ("$SYS/broker/retained messages/count", str(retained_counts(broker.retained)[0])),
     ]
 
 

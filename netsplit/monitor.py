@@ -2,7 +2,8 @@
 
 Subscribes to the gossip service's member changes, feeds the detector with the
 injected clock, sleeps until the detector's next deadline, and turns its facts into
-traces (``partition_detected`` / ``partition_healed``), one log line each, the
+traces (``partition_detected`` / ``partition_healed``), one log line each
+(``partition.opened`` / ``partition.healed``), the
 view's history and callbacks.  Everything the rest of the node asks goes through
 the small query API below (or the ``PartitionView`` it shares with gossip); nothing
 here decides anything the detector does not.
@@ -21,9 +22,11 @@ from gossip.config import GossipConfig
 from gossip.events import MemberState
 from gossip.swim import MemberInfo
 from gossip.trace import Tracer
+from oplog import Event as OpEvent
+from oplog import log_event
 
 from .detector import PartitionDetected, PartitionDetector, PartitionHealed
-from .records import describe, trace_fields
+from .records import trace_fields
 from .view import Event, PartitionView
 
 log = logging.getLogger("meshd.netsplit")
@@ -111,7 +114,7 @@ class PartitionMonitor:
         offset = self.view.clock_offset
         for ev in events:
             self.trace.emit(origin=self.node_id, **trace_fields(ev, offset, self.gossip.config))
-            (log.warning if isinstance(ev, PartitionDetected) else log.info)("%s", describe(ev))
+            _log_partition(ev)
         self.view.record(events)
         for ev in events:
             for h in self._handlers:
@@ -119,6 +122,17 @@ class PartitionMonitor:
                     h(ev)
                 except Exception:  # a subscriber's bug must not stop detection
                     log.exception("partition handler %r failed", h)
+
+
+def _log_partition(ev: Event) -> None:
+    """The one line per partition event (README "Logs")."""
+    if isinstance(ev, PartitionDetected):
+        log_event(log, OpEvent.PARTITION_OPENED, logging.WARNING, partition=ev.partition_id,
+                  side="majority" if ev.majority else "minority", local=ev.local, remote=ev.remote,
+                  view=len(ev.stable_view), detection_s=round(ev.detection_s, 3))
+    else:
+        log_event(log, OpEvent.PARTITION_HEALED, logging.INFO, partition=ev.partition_id, remote=ev.remote,
+                  missing=ev.missing, heal_s=round(ev.heal_s, 3), duration_s=round(ev.duration_s, 3))
 
 
 __all__ = ["Membership", "PartitionMonitor", "PartitionDetected", "PartitionHealed"]

@@ -62,19 +62,3 @@ def event_json(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.
     else:
         out.update(heal_s=round(ev.heal_s, 3), duration_s=round(ev.duration_s, 3), missing=sorted(ev.missing))
     return out
-
-
-def describe(ev: PartitionDetected | PartitionHealed) -> str:
-    """The one log line per event."""
-    if isinstance(ev, PartitionDetected):
-        side = "majority" if ev.majority else "minority"
-        return (
-            f"partition {ev.partition_id} detected: lost {','.join(sorted(ev.remote))}; "
-            f"our side {','.join(sorted(ev.local))} ({side} of {len(ev.stable_view)}) "
-            f"after {ev.detection_s:.2f} s"
-        )
-    tail = f"; never came back: {','.join(sorted(ev.missing))}" if ev.missing else ""
-    return (
-        f"partition {ev.partition_id} healed: {','.join(sorted(ev.remote))} reachable again "
-        f"{ev.heal_s:.2f} s after first contact, split lasted {ev.duration_s:.1f} s{tail}"
-    )

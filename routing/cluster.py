@@ -28,6 +28,7 @@ from clock import Clock
 from gossip.events import MemberState
 from gossip.trace import Tracer
 from gossip.wire import Envelope
+from oplog import Event, log_event
 from routing.forward import ForwardTarget
 from routing.handoff_driver import ClaimGossip, Handoffs, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
@@ -281,7 +282,7 @@ class Cluster:
         for seq, msg in held:
             # Ahead of anything new for it: the replay keeps each publisher's order.
             link.enqueue(LinkItem(ForwardedItem(msg, True, (), False, replay=True).to_wire(), msg.qos, None, seq))
-        log.warning("member %s is back: replaying %d held messages", member, len(held))
+        log_event(log, Event.HELD_REPLAYED, member=member, messages=len(held))
 
     def _forget_held(self, member: str) -> None:
         held = self.held.forget(member)

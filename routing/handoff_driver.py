@@ -23,6 +23,7 @@ import trio
 
 from clock import Clock
 from clock.hlc import HlcTimestamp
+from oplog import Event, log_event
 from routing.links import Fields, Frame, Reply
 from session_store.handoff import (
     Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Step, Takeover,
@@ -406,8 +407,8 @@ class Handoffs:
         self.stats.taken += 1
         self.stats.durations_ms.append(duration_ms)
         del self.stats.durations_ms[:-1000]
-        log.info("session %s handed over from %s in %.1f ms (%d messages)", machine.client_id, machine.owner,
-                 duration_ms, finished.messages)
+        log_event(log, Event.CLIENT_TAKEN_OVER, client_id=machine.client_id, from_node=machine.owner,
+                  duration_ms=round(duration_ms, 1), messages=finished.messages)
         self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=machine.client_id,
                         origin=machine.owner, to=self.node_id, outcome="ok", duration_ms=round(duration_ms, 3),
                         messages=finished.messages)

@@ -41,6 +41,18 @@ class RetainedIndex(Generic[V]):
         node.value = value
         node.has_value = True
 
+    def count_under(self, first_level: str) -> int:
+        """Retained topics whose first level is `first_level` (e.g. the broker's `$SYS`)."""
+        top = self._root.children.get(first_level)
+        if top is None:
+            return 0
+        count, stack = 0, [top]
+        while stack:
+            node = stack.pop()
+            count += node.has_value
+            stack.extend(node.children.values())
+        return count
+
     def get(self, topic: str) -> V | None:
         node = self._root
         for level in topic.split("/"):

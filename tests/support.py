@@ -6,6 +6,7 @@ blocking clients (paho-mqtt, mosquitto_pub/sub, raw sockets) exactly as users do
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -272,68 +273,94 @@ def run_cli(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProce
     return subprocess.run(meshd_command() + args, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
 
 
-class PortTaken(Exception):
-    """A port picked as free was taken by someone else before meshd bound it."""
+START_TIMEOUT = 60.0  # an upper bound on start-up under load; a start returns as soon as the node is ready
+
+
+def wait_ready(proc: subprocess.Popen, ready_file: str, output: Any, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+    """Wait until `meshd --ready-file` wrote `ready_file` (every listener bound) and
+    return what it holds (`ports`: the bound ports). `output()` gives the node's log
+    for the error when it exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(ready_file, encoding="utf-8") as f:
+                return json.load(f)  # written atomically: whole or absent
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"meshd exited early (code {proc.returncode}): {output()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(10)
+            raise AssertionError(f"meshd wrote no ready file within {timeout:.0f} s: {output()}")
+        time.sleep(0.02)  # polling the file: the condition, not a guess at start-up time
 
 
 class MeshdProcess:
-    """`meshd` as a real child process on 127.0.0.1 (MQTT only unless told otherwise)."""
+    """`meshd` as a real child process on 127.0.0.1 (MQTT only unless told otherwise).
+
+    Listeners bind port 0 unless a port is given (a port picked free beforehand can be
+    taken by anyone before meshd binds it); `start` returns once the node's ready file
+    says every listener is bound, and the bound ports are read from it. The node's
+    output goes to a file next to its data dir (`output()`), never to a pipe that
+    nobody reads (a full pipe would stop the node at its next log line)."""
 
     def __init__(self, data_dir: str, *extra: str, port: int | None = None, http: bool = False,
                  gossip_port: int | None = None, node_id: str | None = None) -> None:
         self.data_dir = data_dir
-        self.port = port or free_port()
-        self.http_port = free_port() if http else None
+        self.port = port or 0  # MQTT: the bound port once started
+        self.http_port: int | None = 0 if http else None
         self.gossip_port = gossip_port or 0
         self.node_id = node_id
         self.extra = extra
+        base = data_dir.rstrip(os.sep)
+        self.ready_file = base + ".ready.json"
+        self.log_file = base + ".log"
         self.proc: subprocess.Popen | None = None
+        self.ready: dict[str, Any] = {}
 
     @property
     def http_addr(self) -> str:
-        assert self.http_port is not None
+        assert self.http_port, "started with http=True?"
         return f"127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 20.0) -> "MeshdProcess":
-        """Start and wait until MQTT accepts connections. A port this object picked
-        itself that another process grabbed meanwhile is picked again (a fixed gossip
-        port cannot be: the cluster's seeds name it)."""
-        for attempt in range(3):
-            try:
-                return self._start_once(timeout)
-            except PortTaken:
-                if attempt == 2:
-                    raise
-                self.port = free_port()
-                if self.http_port is not None:
-                    self.http_port = free_port()
-        raise AssertionError("unreachable")
+    @property
+    def gossip_addr(self) -> str:
+        """The gossip address to seed other nodes with."""
+        return f"127.0.0.1:{self.gossip_port}"
 
-    def _start_once(self, timeout: float) -> "MeshdProcess":
+    def start(self, timeout: float = START_TIMEOUT) -> "MeshdProcess":
+        """Start and wait until every listener is bound (the ready file)."""
+        self.launch()
+        return self.wait_started(timeout)
+
+    def launch(self) -> None:
+        """Start the process; `wait_started` waits for it to be ready."""
         ident = ["--node-id", self.node_id] if self.node_id else []
-        self.proc = subprocess.Popen(
-            meshd_command() + ident + [
-                "--data-dir", self.data_dir, "--mqtt", f"127.0.0.1:{self.port}", "--ws", "off",
-                "--http", f"127.0.0.1:{self.http_port}" if self.http_port else "off",
-                "--gossip", f"127.0.0.1:{self.gossip_port}", "--no-mdns", "--no-trace", *self.extra,
-            ],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    assert self.proc.stdout is not None  # stdout=PIPE
-                    output = self.proc.stdout.read()
-                    if "already in use" in output and ("mqtt:" in output or "http:" in output):
-                        raise PortTaken(output)
-                    raise AssertionError(f"meshd exited early: {output}")
-                time.sleep(0.05)
-        self.proc.kill()
-        raise AssertionError("meshd did not start listening")
+        if os.path.exists(self.ready_file):
+            os.remove(self.ready_file)
+        os.makedirs(os.path.dirname(self.log_file) or ".", exist_ok=True)
+        with open(self.log_file, "a", encoding="utf-8") as log:
+            self.proc = subprocess.Popen(
+                meshd_command() + ident + [
+                    "--data-dir", self.data_dir, "--mqtt", f"127.0.0.1:{self.port}", "--ws", "off",
+                    "--http", "off" if self.http_port is None else f"127.0.0.1:{self.http_port}",
+                    "--gossip", f"127.0.0.1:{self.gossip_port}", "--no-mdns", "--no-trace",
+                    "--ready-file", self.ready_file, *self.extra,
+                ],
+                stdout=log, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
+            )
+
+    def wait_started(self, timeout: float = START_TIMEOUT) -> "MeshdProcess":
+        assert self.proc is not None, "launch() first"
+        self.ready = wait_ready(self.proc, self.ready_file, self.output, timeout)
+        ports = self.ready["ports"]
+        self.port, self.gossip_port = ports["mqtt"], ports["gossip"]
+        if self.http_port is not None:
+            self.http_port = ports["http"]
+        if self.node_id is None:
+            self.node_id = self.ready["node_id"]
+        return self
 
     def kill(self) -> None:
         """SIGKILL: no shutdown path runs."""
@@ -347,8 +374,12 @@ class MeshdProcess:
         return self.proc.wait(10)
 
     def output(self) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        return self.proc.stdout.read()
+        """Everything the node logged so far (all its runs from this object's data dir)."""
+        try:
+            with open(self.log_file, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
 
     def __enter__(self) -> "MeshdProcess":
         return self.start()
@@ -357,3 +388,17 @@ class MeshdProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def start_all(nodes: "list[MeshdProcess]", timeout: float = START_TIMEOUT) -> None:
+    """Launch every node at once, then wait for each: one burst of start-ups, not a
+    row of them while the first nodes already gossip (on failure all are stopped)."""
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_started(timeout)
+    except BaseException:
+        for node in nodes:
+            node.__exit__()
+        raise

@@ -32,23 +32,24 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mesh.http_client import request_json  # noqa: E402
-from tests.support import Client, MeshdProcess, free_port  # noqa: E402
+from tests.support import Client, MeshdProcess, start_all  # noqa: E402
 
 
 def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning") -> list[MeshdProcess]:
-    ports = [free_port() for _ in range(n)]
-    nodes = [
-        MeshdProcess(os.path.join(workdir, f"n{i}"), "--gossip-preset", preset, "--seed", f"127.0.0.1:{ports[0]}",
-                     "--log-level", log_level, http=True, gossip_port=ports[i], node_id=f"n{i}")
-        for i in range(n)
-    ]
+    """Node 0 first (its bound gossip port is the others' seed), then the rest at once;
+    every node is ready (all listeners bound) before the view is asked for."""
+    def node(i: int, *seed: str) -> MeshdProcess:
+        return MeshdProcess(os.path.join(workdir, f"n{i}"), "--gossip-preset", preset, *seed,
+                            "--log-level", log_level, http=True, node_id=f"n{i}")
+
+    first = node(0).start()
+    nodes = [first] + [node(i, "--seed", first.gossip_addr) for i in range(1, n)]
     try:
-        for node in nodes:
-            node.start()
+        start_all(nodes[1:])
         deadline = time.monotonic() + 60
-        for node in nodes:
+        for member in nodes:
             while True:
-                _, body = request_json(node.http_addr, "GET", "/api/v1/members")
+                _, body = request_json(member.http_addr, "GET", "/api/v1/members")
                 if sum(m["state"] == "alive" for m in body["members"]) == n:
                     break
                 if time.monotonic() > deadline:
@@ -56,8 +57,8 @@ def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning")
                 time.sleep(0.1)
     except BaseException:
         # Never leave processes behind when the cluster cannot be brought up.
-        for node in nodes:
-            node.__exit__()
+        for member in nodes:
+            member.__exit__()
         raise
     return nodes
 

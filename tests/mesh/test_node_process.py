@@ -11,29 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Client, free_port, meshd_command, run_cli, subprocess_env
+from tests.support import Client, meshd_command, run_cli, subprocess_env, wait_ready
 
 
-def start_meshd(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+def start_meshd(tmp_path: Path, *extra: str, run: tuple[str, ...] = (), data: str = "data") -> tuple[subprocess.Popen, int]:
+    """meshd on port 0, started when its ready file says every listener is bound."""
+    ready = tmp_path / f"{data}.ready.json"
     proc = subprocess.Popen(
-        meshd_command() + [
-            "--data-dir", str(tmp_path / "data"), "--mqtt", f"127.0.0.1:{port}", "--ws", "off",
-            "--http", "off", "--gossip", "127.0.0.1:0", "--no-mdns", "--no-trace", *extra,
+        meshd_command() + [*run,
+            "--data-dir", str(tmp_path / data), "--mqtt", "127.0.0.1:0", "--ws", "off",
+            "--http", "off", "--gossip", "127.0.0.1:0", "--no-mdns", "--no-trace", "--ready-file", str(ready), *extra,
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            if proc.poll() is not None:
-                raise AssertionError(f"meshd exited early: {proc.stdout.read()}")
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("meshd did not start listening")
+    assert proc.stdout is not None  # stdout=PIPE
+    info = wait_ready(proc, str(ready), proc.stdout.read)
+    return proc, info["ports"]["mqtt"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -105,20 +98,8 @@ def test_run_subcommand_is_bare_meshd(tmp_path):
     proc, port = start_meshd(tmp_path)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=10)
-    port2 = free_port()
-    proc2 = subprocess.Popen(
-        meshd_command() + ["run", "--data-dir", str(tmp_path / "d2"), "--mqtt", f"127.0.0.1:{port2}",
-                           "--ws", "off", "--http", "off", "--no-mdns", "--no-trace"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
-    )
+    proc2, port2 = start_meshd(tmp_path, run=("run",), data="d2")
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port2), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
         c = Client("r", version=4)
         c.connect(port2)
         c.disconnect()
