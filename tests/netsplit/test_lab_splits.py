@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pytest
 
 from mesh.http_client import HttpClientError, request_json
-from tests.support import subprocess_env
+from tests.support import subprocess_env, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 if "netlab" not in sys.modules:
@@ -56,8 +56,14 @@ class LabCluster:
                 sys.executable, "-m", "mesh.cli", "--node-id", f"n{i}", "--data-dir", str(self.base / f"n{i}"),
                 "--mqtt", f"{host.address}:1883", "--ws", "off", "--http", HTTP, "--gossip", f"{host.address}:7946",
                 "--gossip-preset", "local", "--no-mdns", "--sys-interval", "0", "--log-level", "info",
+                "--ready-file", self.ready_file(i),
             ] + (["--seed", seed] if i else []) + list(self.extra)
             self.procs.append(self.lab.popen(i, argv, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env=subprocess_env()))
+        for i, p in enumerate(self.procs):  # every listener bound before anyone asks
+            wait_ready(p, self.ready_file(i), lambda i=i: (self.base / f"n{i}.log").read_text()[-3000:])
+
+    def ready_file(self, i: int) -> str:
+        return str(self.base / f"n{i}.ready.json")
 
     def stop(self) -> None:
         for p in self.procs:
