@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,16 +157,13 @@ async def test_tls_streams_verify_both_sides(certs: dict[str, NodeCert], caplog:
 
 
 class LogLines:
-    """A process's output, line by line, as it comes (a thread reads the pipe)."""
+    """A node's output so far, line by line (MeshdProcess logs to a file)."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        assert proc.stdout is not None
-        stdout = proc.stdout
-        threading.Thread(target=lambda: self.lines.extend(stdout), daemon=True).start()
+    def __init__(self, node: MeshdProcess) -> None:
+        self.node = node
 
     def has(self, words: str) -> bool:
-        return any(words in line for line in list(self.lines))
+        return any(words in line for line in self.node.output().splitlines())
 
 
 def wait_for(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
@@ -207,7 +202,7 @@ def test_two_nodes_mesh_over_tls_and_refuse_another_ca(tmp_path: Path, certs: di
     try:
         a, b = nodes["A"].start(), nodes["B"].start()
         assert a.proc is not None
-        log_a = LogLines(a.proc)
+        log_a = LogLines(a)
         wait_for(lambda: alive(a) == {"A", "B"} and alive(b) == {"A", "B"}, "A and B see each other")
 
         sub = Client("tls-sub", version=5, clean=False)
@@ -227,7 +222,7 @@ def test_two_nodes_mesh_over_tls_and_refuse_another_ca(tmp_path: Path, certs: di
         # stream) and any link it tries are refused, and both ends log it
         x = nodes["X"].start()
         assert x.proc is not None
-        log_x = LogLines(x.proc)
+        log_x = LogLines(x)
         wait_for(lambda: log_a.has("refused a node-to-node stream from 127.0.0.1"), "A logs the refusal")
         wait_for(lambda: log_x.has(f"TLS handshake with 127.0.0.1:{ports['A']} failed"), "X logs its failure")
         assert alive(x) == {"X"} and "secure/#" not in routes(x)  # it learned nothing
