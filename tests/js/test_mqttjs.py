@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import MeshdProcess, free_port
+from tests.support import MeshdProcess
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "retained_clear.js"
@@ -29,25 +27,11 @@ def node_with_mqttjs() -> str:
     return node
 
 
-def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            assert proc.poll() is None, "meshd exited"
-            assert time.monotonic() < deadline, f"nothing listens on {port}"
-            time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def meshd_ws(tmp_path_factory):
-    ws_port = free_port()
-    with MeshdProcess(str(tmp_path_factory.mktemp("mqttjs")), "--ws", f"127.0.0.1:{ws_port}") as meshd:
-        assert meshd.proc is not None
-        wait_listening(ws_port, meshd.proc)
-        yield f"ws://127.0.0.1:{ws_port}/mqtt"
+    # port 0: the ready file says which port the WebSocket listener got, once it listens
+    with MeshdProcess(str(tmp_path_factory.mktemp("mqttjs")), "--ws", "127.0.0.1:0") as meshd:
+        yield f"ws://127.0.0.1:{meshd.ready['ports']['ws']}/mqtt"
 
 
 @pytest.mark.parametrize("version", ["4", "5", "3"])
