@@ -367,7 +367,7 @@ class Settings:
     gossip: HostPort = _setting(HostPort("0.0.0.0", 7946), Addr(), "gossip (UDP) and mesh link (TCP) address")
     seed: tuple[HostPort, ...] = _setting((), AddrList(), "gossip address of a node to join (repeatable; env/TOML: comma-separated)")
     mdns: bool = _setting(True, Bool(), "find other nodes on the LAN by mDNS")
-    mdns_port: int = _setting(5353, Int(1, 65535, metavar="PORT"), "UDP port mDNS discovery uses (5353 is the standard one; another keeps two clusters on one host, or a test, apart)")
+    mdns_port: int = _setting(5353, Int(1, 65535), "UDP port mDNS discovery uses (5353 is the standard one; another keeps two clusters on one host, or a test, apart)")
     cluster_name: str = _setting("meshd", Str(pattern=r"[A-Za-z0-9_.-]{1,64}", pattern_help="1..64 of [A-Za-z0-9_.-]", metavar="NAME"), "only nodes with the same cluster name join")
     cluster_key: str | None = _setting(None, Str(optional=True, metavar="SECRET"), "shared secret: authenticates and encrypts node-to-node traffic", secret=True)
     gossip_preset: str = _setting("lan", Str(choices=("lan", "wan", "local"), metavar="PRESET"), "gossip timing: lan (memberlist LAN defaults), wan (slower links), local (loopback and tests, 10x faster)")
