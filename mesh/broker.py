@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
+import faults
 from clock import Clock, SystemClock
 from mesh.client_port import ClientPort, PublishCache
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
@@ -592,6 +593,8 @@ class Broker:
         conn = self.connections.get(session.client_id)
         if conn is not None:
             conn.deliver(delivery, now, cache)
+            if faults.DOUBLE_DELIVER_QOS2 and delivery.qos == 2:  # BUGGIFY: a second copy
+                conn.deliver(Delivery(delivery.message, 2, delivery.retain, delivery.subscription_ids), now, None)
             return
         if not session.persistent:
             return

@@ -30,6 +30,7 @@ import outcome
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket, wrap_server_stream
 
+import faults
 from clock import Clock
 from gossip.trace import NullTraceWriter, TraceWriter
 from mesh import __version__
@@ -412,7 +413,9 @@ class Node:
         store = self.store
         batch, epoch = store.take_batch(hold)
         if len(batch):
-            await self._run_write(functools.partial(store.write_batch, batch, sync=self.settings.durability != "off"))
+            # BUGGIFY skip-sync: written without a sync, yet acknowledged as durable.
+            sync = self.settings.durability != "off" and not faults.SKIP_SYNC
+            await self._run_write(functools.partial(store.write_batch, batch, sync=sync))
             store.stats.count(batch)
         if epoch > store.durable_epoch:
             store.mark_durable(epoch)

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable, Mapping, Protocol
 
 import trio
 
+import faults
 from clock import Clock
 from gossip.events import MemberState
 from gossip.trace import Tracer
@@ -428,6 +429,9 @@ class Cluster:
             item = LinkItem(wire, msg.qos, gate if msg.qos else None)
             if item.gate is not None:
                 item.gate.waiting += 1
+            if faults.DROP_FORWARD and msg.qos:
+                self._release([item])  # BUGGIFY: acknowledged, never sent
+                continue
             if self._link(node).enqueue(item):
                 self.forwarded_out += 1
             else:

@@ -21,6 +21,7 @@ from typing import Awaitable, Callable, Mapping, Protocol
 
 import trio
 
+import faults
 from clock import Clock
 from clock.hlc import HlcTimestamp
 from oplog import Event, log_event
@@ -485,6 +486,8 @@ class Handoffs:
     def _handed_over(self, cid: str, taker: str, now: float) -> None:
         self.moved[cid] = (taker, now)
         self.stats.given += 1
+        if faults.STALE_OWNER:
+            return  # BUGGIFY: the old owner keeps serving its copy
         self.broker.discard_session(cid, now)
         log.info("session %s handed over to %s", cid, taker)
 

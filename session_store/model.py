@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+import faults
 from mqtt import Properties, Will
 
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -179,6 +181,9 @@ class Session:
             self.dropped += 1
             return delivery
         if len(self.queue) < limit:
+            if faults.REORDER_QUEUE and self.queue:
+                self.queue.insert(len(self.queue) - 1, delivery)  # BUGGIFY: ahead of the one before
+                return None
             self.queue.append(delivery)
             return None
         # Full: QoS 0 goes first.

@@ -1,0 +1,215 @@
+"""The cluster simulator (`meshd simulate --cluster`): seeds of a small cluster pass,
+a seed's output is the same in two processes, every checker can fail, and each bug it
+found in meshd stays fixed (its seed as the regression test)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import faults
+from gossip.trace import TRACE_FIELDS, TRACE_KINDS
+from simulation.checkers import (
+    FinalState, NodeState, SessionState, check_backlog, check_config, check_delivery, check_duplicates,
+    check_order, check_owner, check_routes,
+)
+from simulation.cluster_sim import run_seed
+from simulation.history import Acked, Connected, Delivered, Disconnected, History, Sent, Subscribed
+from simulation.schedule import SimSpec, make_schedule
+from tests.support import meshd_command, subprocess_env
+
+# The CI run: 3 nodes, 6 clients, 15 virtual seconds of faults and traffic a seed.
+CI = SimSpec(nodes=3, clients=6, seconds=15.0)
+CI_SEEDS = range(1, 51)
+
+
+def test_the_schedule_is_a_function_of_the_seed() -> None:
+    spec = SimSpec(5, 20, 60.0, 17)
+    assert make_schedule(spec) == make_schedule(spec)
+    assert make_schedule(spec) != make_schedule(SimSpec(5, 20, 60.0, 18))
+
+
+def _simulate(*args: str, hash_seed: str | None) -> subprocess.CompletedProcess[str]:
+    env = subprocess_env()
+    env.pop("PYTHONHASHSEED", None)
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
+    return subprocess.run(meshd_command() + ["simulate", "--cluster", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_the_output_for_a_seed_is_the_same_in_two_processes() -> None:
+    # Different string hashing in each parent process: the command runs itself again
+    # with PYTHONHASHSEED=0, so set order inside the nodes is the same both times.
+    args = ("--nodes", "3", "--clients", "6", "--seconds", "15", "--seeds", "3", "--seed", "4")
+    first = _simulate(*args, hash_seed=None)
+    second = _simulate(*args, hash_seed="12345")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert first.stdout.splitlines() == ["seed=4 ok", "seed=5 ok", "seed=6 ok", "3 seeds, 0 violations"]
+
+
+def test_a_violation_is_one_line_with_its_seed_and_the_exit_code_is_1(tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    run = _simulate("--nodes", "3", "--clients", "6", "--seconds", "15", "--seeds", "2", "--seed", "1",
+                    "--buggify", "drop-forward", "--out", str(out), hash_seed="0")
+    assert run.returncode == 1
+    lines = run.stdout.splitlines()
+    assert len(lines) == 3
+    for seed, line in zip((1, 2), lines):
+        assert re.fullmatch(rf"seed={seed} VIOLATION [a-z]+: .+", line), line
+    assert lines[-1] == "2 seeds, 2 violations"
+    # The events concerned go to stderr, after the seed.
+    assert "seed=1: the events concerned:" in run.stderr
+    # Traces in the trace contract (what `meshd report` reads), one file per node.
+    files = sorted(out.glob("seed-1/*/traces/*.jsonl"))
+    assert [f.name for f in files] == ["n0.jsonl", "n1.jsonl", "n2.jsonl"]
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert records and all(set(TRACE_FIELDS) <= set(r) and r["kind"] in TRACE_KINDS for r in records)
+    assert (out / "seed-1" / "history.txt").read_text().count("publish sent") > 10
+
+
+# ------------------------------------------------------------------ buggify
+
+# Per fault, seeds of the CI cluster that the 20-seed proof (scripts/sim/buggify_proof.py)
+# found it in; each must be caught there, and the same seed passes without it.
+CAUGHT_BY = {
+    "drop-forward": (1, "delivery"),
+    "skip-sync": (2, "liveness"),  # the lost writes include the restarted node's route epoch
+    "reorder-queue": (2, "order"),
+    "double-deliver-qos2": (1, "duplicate"),
+    "forget-route": (1, "liveness"),  # the route tables never converge to the truth
+    "stale-owner": (1, "duplicate"),
+}
+
+
+def test_every_fault_has_a_seed_that_catches_it() -> None:
+    assert sorted(CAUGHT_BY) == sorted(faults.FAULTS)
+
+
+@pytest.mark.parametrize("fault", faults.FAULTS)
+def test_buggify_fault_is_caught_and_off_again_after(fault: str) -> None:
+    seed, prop = CAUGHT_BY[fault]
+    spec = SimSpec(CI.nodes, CI.clients, CI.seconds, seed)
+    caught = run_seed(spec, buggify=(fault,))
+    assert caught.violation is not None, f"{fault} not caught by seed {seed}"
+    if prop is not None:
+        assert caught.violation.prop == prop
+    assert faults.active() == []
+    assert run_seed(spec).violation is None
+
+
+def test_faults_are_off_unless_switched_on() -> None:
+    assert faults.active() == []
+    faults.switch_on(["reorder-queue", "stale-owner"])
+    try:
+        assert faults.REORDER_QUEUE and faults.STALE_OWNER and not faults.DROP_FORWARD
+        assert faults.active() == ["reorder-queue", "stale-owner"]
+    finally:
+        faults.switch_off()
+    assert not faults.REORDER_QUEUE and faults.active() == []
+    with pytest.raises(ValueError, match="unknown fault 'nope'"):
+        faults.switch_on(["nope"])
+
+
+# ------------------------------------------------------------------ checkers
+
+
+def _delivery_history(delivered: bool) -> History:
+    h = History()
+    h.add(Connected(0.0, "s0", 1, "n0", False, 3600, 0, False))
+    h.add(Subscribed(0.1, "s0", 1, "t/#", 1, 1))
+    h.add(Sent(5.0, "p0/1/1", "p0", 1, 1, "n1", "t/1", 1))
+    h.add(Acked(5.1, "p0/1/1", 0))
+    if delivered:
+        h.add(Delivered(5.2, "s0", 1, "p0/1/1", "t/1", 1, False, False, 1))
+    h.ended_at = 60.0
+    return h
+
+
+def test_delivery_checker_names_the_lost_message_and_its_subscriber() -> None:
+    assert check_delivery(_delivery_history(True), FinalState()) is None
+    found = check_delivery(_delivery_history(False), FinalState())
+    assert found is not None and found.prop == "delivery"
+    assert "p0/1/1" in found.detail and "s0" in found.detail
+    assert any("publish acked  p0/1/1" in line for line in found.events)
+
+
+def test_delivery_checker_excuses_a_session_that_expired() -> None:
+    h = _delivery_history(False)
+    h.events[0] = Connected(0.0, "s0", 1, "n0", False, 8, 0, False)
+    h.add(Disconnected(4.0, "s0", 1, "disconnect"))  # away from 4 s to the end: 8 s expiry passed
+    assert check_delivery(h, FinalState()) is None
+
+
+def test_delivery_checker_needs_the_subscription_before_the_publish() -> None:
+    h = History()
+    h.add(Connected(0.0, "s0", 1, "n0", False, 3600, 0, False))
+    h.add(Sent(5.0, "p0/1/1", "p0", 1, 1, "n1", "t/1", 1))
+    h.add(Acked(5.1, "p0/1/1", 0))
+    h.add(Subscribed(5.05, "s0", 1, "t/#", 1, 1))
+    h.ended_at = 60.0
+    assert check_delivery(h, FinalState()) is None
+
+
+def test_order_checker_per_publisher_connection_topic_and_qos() -> None:
+    h = History()
+    h.add(Connected(0.0, "s0", 1, "n0", True, 0, 0, False))
+    for seq in (1, 2):
+        h.add(Sent(float(seq), f"p0/1/{seq}", "p0", 1, seq, "n0", "t/1", 1))
+    h.add(Sent(2.5, "p0/1/3", "p0", 1, 3, "n0", "t/2", 1))
+    h.add(Delivered(3.0, "s0", 1, "p0/1/3", "t/2", 1, False, False, 1))  # another topic: not ordered with t/1
+    h.add(Delivered(3.1, "s0", 1, "p0/1/2", "t/1", 1, False, False, 2))
+    assert check_order(h, FinalState()) is None
+    h.add(Delivered(3.2, "s0", 1, "p0/1/1", "t/1", 1, False, False, 3))
+    found = check_order(h, FinalState())
+    assert found is not None and "got p0/1/1 after p0/1/2" in found.detail
+
+
+def test_duplicate_checker_allows_only_dup_resends() -> None:
+    h = History()
+    h.add(Connected(0.0, "s0", 1, "n0", False, 3600, 0, False))
+    h.add(Sent(1.0, "p0/1/1", "p0", 1, 1, "n0", "t/1", 1))
+    h.add(Delivered(1.1, "s0", 1, "p0/1/1", "t/1", 1, False, False, 7))
+    h.add(Delivered(2.0, "s0", 2, "p0/1/1", "t/1", 1, True, False, 7))  # a DUP resend on reconnect
+    h.add(Connected(1.9, "s0", 2, "n0", False, 3600, 0, True))
+    assert check_duplicates(h, FinalState()) is None
+    h.add(Delivered(3.0, "s0", 2, "p0/1/1", "t/1", 1, False, False, 9))
+    found = check_duplicates(h, FinalState())
+    assert found is not None and found.detail.startswith("QoS 1 message delivered again without DUP")
+
+
+def _node(node_id: str, filters: set[str], routes: dict[str, tuple[str, ...]], **kw: object) -> NodeState:
+    node = NodeState(node_id, routes=routes, route_filters=frozenset(filters))
+    node.sessions = {"s0": SessionState(True, True, frozenset(filters))} if filters else {}
+    for key, value in kw.items():
+        setattr(node, key, value)
+    return node
+
+
+def test_state_checkers_after_the_heal() -> None:
+    routes = {"t/#": ("n0",)}
+    good = FinalState(nodes={"n0": _node("n0", {"t/#"}, routes), "n1": _node("n1", set(), routes)},
+                      connected_to={"s0": "n0"})
+    h = History()
+    for check in (check_owner, check_routes, check_config, check_backlog):
+        assert check(h, good) is None
+    stale = FinalState(nodes={"n0": _node("n0", {"t/#"}, routes), "n1": _node("n1", set(), {})})
+    found = check_routes(h, stale)
+    assert found is not None and found.detail.startswith("n1's route table differs")
+    two = FinalState(nodes={"n0": _node("n0", {"t/#"}, {"t/#": ("n0", "n1")}),
+                            "n1": _node("n1", {"t/#"}, {"t/#": ("n0", "n1")})})
+    found = check_owner(h, two)
+    assert found is not None and found.detail == "session s0 is held by n0, n1"
+    config = FinalState(nodes={"n0": _node("n0", set(), {}, config={"max_inflight": 5}),
+                               "n1": _node("n1", set(), {}, config={})})
+    found = check_config(h, config)
+    assert found is not None and "max_inflight" in found.detail
+    piled = FinalState(nodes={"n0": _node("n0", set(), {}, backlog={"link_unacked": 3})},
+                       baseline={"n0": {"link_unacked": 0}})
+    found = check_backlog(h, piled)
+    assert found is not None and "link_unacked 0 -> 3" in found.detail
