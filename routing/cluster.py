@@ -239,6 +239,9 @@ class Cluster:
                 link.cancel_scope.cancel()
                 self._release(self._hold_failed(member, link.fail_all()))
         elif state == MemberState.ALIVE:
+            link = self.links.get(member)
+            if link is not None:
+                link.retry_now()  # back: what waits for it goes now, not after the backoff
             self._replay_held(member)
             self._pull_routes(member)
             if not self._retained_pulled:

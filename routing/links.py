@@ -124,6 +124,7 @@ class OutboundLink:
         self.unacked: dict[int, list[LinkItem]] = {}
         self._seq = itertools.count(1)
         self._wake = trio.Event()
+        self._retry = trio.Event()  # set: reconnect now, without waiting out the backoff
         self.cancel_scope = trio.CancelScope()
         self.dropped = 0
         self.sent_batches = 0
@@ -152,7 +153,20 @@ class OutboundLink:
         answered = trio.Event()
         self.queue.append(_Marker(lambda frame: answered.set()))
         self._wake.set()
+        # Someone waits on this link (a handoff fence): a link in its reconnect backoff
+        # tries again at once, so what it holds unacknowledged (resent first on the new
+        # connection) reaches a restarted peer before the fence is answered.
+        self.retry_now()
         await answered.wait()
+
+    def retry_now(self) -> None:
+        """Cut a reconnect backoff short (the peer is wanted, or known to be back)."""
+        self._retry.set()
+
+    async def _back_off(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._retry.wait()
+        self._retry = trio.Event()
 
     def fail_all(self) -> list[LinkItem]:
         """The peer is down: hand back everything not acknowledged."""
@@ -174,7 +188,7 @@ class OutboundLink:
                     log.debug("link to %s: %s", self.peer, exc)
                     stream = None
                 if stream is None:
-                    await trio.sleep(backoff)
+                    await self._back_off(backoff)
                     backoff = min(BACKOFF_MAX, backoff * 2)
                     continue
                 backoff = BACKOFF_START
@@ -186,7 +200,7 @@ class OutboundLink:
                 self.connected = False
                 # Replies that will never come: their requests go again on the next link.
                 self._pending_replies.clear()
-                await trio.sleep(backoff)
+                await self._back_off(backoff)
 
     async def _serve(self, link: FramedStream) -> None:
         await link.send("link_hello", c=self.cluster_name, e=self.epoch)
