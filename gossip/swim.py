@@ -868,8 +868,13 @@ class Swim:
 
     def _t_rejoin(self, arg: TimerArg, now: float) -> None:
         if not self.leaving and self.seeds:
-            if not any(m.state in (ALIVE, SUSPECT) for m in self._iter_others()):
-                self.join(self.seeds, now, remember=False)
+            # Every seed not known as a live member is tried again, not only when we
+            # know nobody: a seed that was down when we joined through another, and has
+            # no seeds of its own, would otherwise stay alone for good.
+            live = {m.addr for m in self._iter_others() if m.state in (ALIVE, SUSPECT)}
+            missing = [seed for seed in self.seeds if seed not in live]
+            if missing:
+                self.join(missing, now, remember=False)
             self._schedule(now + self.config.rejoin_interval, Timer.REJOIN, None)
 
     def _probe_tick(self, now: float) -> None:

@@ -536,6 +536,19 @@ def test_lone_node_retries_its_seeds() -> None:
     assert "s" in a.members and "a" in s.members
 
 
+def test_a_seed_that_was_down_is_found_although_other_members_are_live() -> None:
+    # b joins through its seed s while s is down, c joins through b; s then starts with
+    # no seeds of its own. b knows a live member (c), yet must keep trying s.
+    c = Cluster(["b", "c"], CFG.with_(rejoin_interval=2.0), converged=False)
+    c.nodes["b"].join([addr_of("s")], 0.0)
+    c.nodes["c"].join([addr_of("b")], 0.0)
+    c.run_until(1.0)
+    assert c.state("b", "c") == ALIVE
+    s = c.add("s", seed=3)
+    c.run_until(8.0)
+    assert c.state("b", "s") == ALIVE and "b" in s.members and "c" in s.members
+
+
 # ---------------------------------------------------------------- malformed input
 
 @pytest.mark.parametrize(
