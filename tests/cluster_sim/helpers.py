@@ -1,8 +1,15 @@
 """Helpers for cluster tests on the simulator (simulation/cluster.py): whole nodes in
-one Trio run, in virtual time, deterministic by seed."""
+one Trio run, in virtual time, deterministic by seed.
+
+Every test runs on seed 1; `CLUSTER_SIM_SEED=N` runs them all on seed N instead (a loop
+over seeds finds timings a test took for granted, and bugs):
+
+    for s in $(seq 1 50); do CLUSTER_SIM_SEED=$s python3 -m pytest -q tests/cluster_sim; done
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Awaitable, Callable, Iterable, TypeVar
 
 from simulation.cluster import ClusterParams, SimCluster, run_cluster
@@ -11,8 +18,11 @@ from simulation.sim_client import Received
 T = TypeVar("T")
 
 
-def sim(scenario: Callable[[SimCluster], Awaitable[T]], *, nodes: int = 3, seed: int = 1, **settings: object) -> T:
+def sim(scenario: Callable[[SimCluster], Awaitable[T]], *, nodes: int = 3, seed: int | None = None,
+        **settings: object) -> T:
     """Run `scenario` on a fresh converged cluster of `nodes` nodes (n0, n1, ...)."""
+    if seed is None:
+        seed = int(os.environ.get("CLUSTER_SIM_SEED", "1"))
 
     async def converged_first(c: SimCluster) -> T:
         await c.wait_converged()

@@ -39,7 +39,8 @@ def test_a_3_2_netsplit_holds_messages_for_the_other_side_and_replays_them_in_or
         c.cut(majority, minority)
         for m in minority:
             await see(c, majority, m, "dead")
-        assert (await cluster_view(c, "n0"))["partitioned"]
+        await c.wait_for(lambda: partition_view(c, "n0")["partitioned"] is True, 30, "n0 sees the partition")
+        assert (await cluster_view(c, "n0"))["partitioned"] is True  # what the API shows
         for i in range(30):
             assert await pub.publish(f"held/{i}", f"m{i}".encode(), qos=1) == 0  # acknowledged: held on n0's disk
         assert await pub.publish("held/q0", b"not held", qos=0) is None
