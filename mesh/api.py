@@ -8,7 +8,7 @@
                                   flag, or cluster with its origin node and HLC)
     GET  /api/v1/config/{key}
     PUT  /api/v1/config/{key}     {"value": ...}: change a cluster-wide setting
-    POST /api/v1/clients/{client_id}/kick   disconnect a client (v5: 0x98)
+    POST /api/v1/clients/{client_id}/kick   disconnect a client wherever it is connected (v5: 0x98)
     GET  /api/v1/clients          clients and their sessions, cluster-wide (paged, filtered)
     GET  /api/v1/clients/{client_id}        one client: connection, session, subscriptions
     DELETE /api/v1/sessions/{client_id}     end a session wherever it is
@@ -35,15 +35,10 @@ from mesh.http_api import HttpError, Request, Response, Router, error_response, 
 from mesh.inventory import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, ClientFilter, Missing, Page
 from mesh.metrics import CONTENT_TYPE, Metrics
 from mesh.node_metrics import RetainedCounts, retained_counts
-from mqtt import ReasonCode
 
 
 class ApiSecurity(Protocol):
     def api_allows(self, method: str, authorization: str | None) -> bool: ...
-
-
-class Kickable(Protocol):
-    def close(self, reason: int) -> None: ...
 
 
 class ApiBroker(Protocol):
@@ -51,8 +46,6 @@ class ApiBroker(Protocol):
     def sessions(self) -> Sized: ...
     @property
     def retained(self) -> RetainedCounts: ...
-    @property
-    def connections(self) -> Mapping[str, Kickable]: ...
     def client_count(self) -> int: ...
     def subscription_count(self) -> int: ...
 
@@ -80,6 +73,7 @@ class ApiInventory(Protocol):
                       limit: int = DEFAULT_LIMIT) -> Page: ...
     async def client(self, client_id: str) -> tuple[dict[str, Any] | None, list[Missing]]: ...
     async def discard(self, client_id: str) -> tuple[list[str], list[Missing]]: ...
+    async def kick(self, client_id: str) -> tuple[list[str], list[Missing]]: ...
     async def subscriptions(self, *, topic: str | None = None, client_id: str | None = None, node: str | None = None,
                             after: str | None = None, limit: int = DEFAULT_LIMIT) -> Page: ...
 
@@ -179,11 +173,11 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
 
     async def kick(request: Request) -> Response:
         client_id = request.path_params["client_id"]
-        conn = broker.connections.get(client_id)
-        if conn is None:
-            return error_response(404, f"{client_id}: not connected to this node")
-        conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
-        return json_response({"kicked": client_id})
+        nodes, missing = await inventory.kick(client_id)
+        if not nodes:
+            return json_response({"error": f"{client_id}: not connected to any member that answered",
+                                  "missing": _missing(missing)}, 404)
+        return json_response({"kicked": client_id, "nodes": nodes, "missing": _missing(missing)})
 
     async def clients(request: Request) -> Response:
         q = request.query

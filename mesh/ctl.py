@@ -2,7 +2,7 @@
 
     meshd ctl clients list [FILTERS]     clients on every node, connected or with a kept session
     meshd ctl clients show CLIENT_ID     one client: connection, session, subscriptions, queue
-    meshd ctl clients kick CLIENT_ID     disconnect a client connected to this node (v5: 0x98)
+    meshd ctl clients kick CLIENT_ID     disconnect a client wherever it is connected (v5: 0x98)
     meshd ctl sessions list [FILTERS]    the same clients, as sessions (expiry, queue, drops)
     meshd ctl sessions show CLIENT_ID
     meshd ctl sessions delete CLIENT_ID  end a session wherever it is (disconnecting its client)
@@ -108,7 +108,8 @@ def build_parser() -> Parser:
     _client_filters(command(clients, "list", "clients on every node, connected or with a kept session"))
     command(clients, "show", "one client: connection, session, subscriptions, queue").add_argument(
         "client_id", metavar="CLIENT_ID")
-    command(clients, "kick", "disconnect a client connected to this node").add_argument("client_id", metavar="CLIENT_ID")
+    command(clients, "kick", "disconnect a client wherever it is connected (its session stays)").add_argument(
+        "client_id", metavar="CLIENT_ID")
 
     sessions = command(sub, "sessions", "sessions on every node").add_subparsers(dest="action", required=True,
                                                                                  metavar="ACTION")
@@ -167,7 +168,7 @@ def _request(args: argparse.Namespace) -> Request:
 _TABLES: dict[tuple[str, str | None], Callable[[dict[str, Any]], str]] = {
     ("clients", "list"): ctl_tables.format_clients,
     ("clients", "show"): ctl_tables.format_client,
-    ("clients", "kick"): lambda body: f"kicked {body['kicked']}",
+    ("clients", "kick"): ctl_tables.format_kicked,
     ("sessions", "list"): ctl_tables.format_sessions,
     ("sessions", "show"): ctl_tables.format_client,
     ("sessions", "delete"): ctl_tables.format_deleted,

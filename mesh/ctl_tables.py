@@ -113,6 +113,10 @@ def format_deleted(body: dict[str, Any]) -> str:
     return "\n".join(lines + _footer(body, "", paged=False))
 
 
+def format_kicked(body: dict[str, Any]) -> str:
+    return "\n".join([f"kicked {body['kicked']} on {', '.join(body['nodes'])}", *_footer(body, "", paged=False)])
+
+
 def format_routes(body: dict[str, Any]) -> str:
     routes = body["routes"]
     return "\n".join([table(("FILTER", "NODES"), [(r["filter"], " ".join(r["nodes"])) for r in routes]),

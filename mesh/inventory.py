@@ -33,6 +33,7 @@ import trio
 from clock import Clock
 from gossip.events import MemberState
 from mesh.client_port import ClientPort
+from mqtt import ReasonCode
 from mqtt.topics import parse_shared_subscription, topic_matches
 from routing.queries import MeshQueries, QueryFailed, UnknownQuery
 from session_store.model import Session, SubscriptionOptions
@@ -229,6 +230,11 @@ class Inventory:
         if query == "subscriptions":
             return self._subscriptions(_opt_str(args, "topic"), _opt_str(args, "clientid"), _opt_key(args),
                                        _limit(args))
+        if query == "kick":
+            conn = self.broker.connections.get(str(args["clientid"]))
+            if conn is not None:
+                conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
+            return {"kicked": conn is not None}
         if query == "discard":
             client_id = str(args["clientid"])
             deleted = self.broker.end_session_now(client_id, self.clock.wall())
@@ -332,6 +338,13 @@ class Inventory:
         answers, missing = await self.ask_all("discard", {"clientid": client_id})
         deleted = sorted(peer for peer, a in answers.items() if isinstance(a, dict) and a.get("deleted"))
         return deleted, missing
+
+    async def kick(self, client_id: str) -> tuple[list[str], list[Missing]]:
+        """Disconnect the client wherever it is connected (v5: 0x98); its session stays.
+        The nodes it was connected to, and who did not answer."""
+        answers, missing = await self.ask_all("kick", {"clientid": client_id})
+        kicked = sorted(peer for peer, a in answers.items() if isinstance(a, dict) and a.get("kicked"))
+        return kicked, missing
 
     async def subscriptions(self, *, topic: str | None = None, client_id: str | None = None, node: str | None = None,
                             after: str | None = None, limit: int = DEFAULT_LIMIT) -> Page:

@@ -23,7 +23,7 @@ def test_clients_and_subscriptions_across_three_nodes_with_one_down(tmp_path):
             wait_for(lambda n=n: sum(v == "alive" for v in view(n).values()) == 3, what=f"{n.node_id} sees 3 alive")
         for name, n in nodes.items():
             c = Client(f"dev-{name}", version=5)
-            c.connect(n.port)
+            c.connect(n.port, expiry=600)
             c.subscribe(f"site/{name}/#", 1)
             clients.append(c)
         a, c_node = nodes["A"], nodes["C"]
@@ -37,11 +37,16 @@ def test_clients_and_subscriptions_across_three_nodes_with_one_down(tmp_path):
         subs = get(a, "/api/v1/subscriptions?topic=site/B/door")
         assert [(s["clientid"], s["node"], s["topic"]) for s in subs["data"]] == [("dev-B", "B", "site/B/#")]
         assert {r["clientid"] for r in get(a, "/api/v1/clients?node=B")["data"]} == {"dev-B"}
+        # A kick asked on A reaches the client on B.
+        status, body = request_json(a.http_addr, "POST", "/api/v1/clients/dev-B/kick")
+        assert (status, body["nodes"]) == (200, ["B"])
+        rc, _ = clients[1].disconnects.get(timeout=10)
+        assert rc.value == 0x98
 
         # C goes down hard: A still answers, for A and B, and names C.
         c_node.kill()
         body = get(a, "/api/v1/clients")
-        assert {r["clientid"] for r in body["data"]} == {"dev-A", "dev-B"}
+        assert {r["clientid"] for r in body["data"]} == {"dev-A", "dev-B"}  # dev-B's session stays after the kick
         assert [m["node"] for m in body["missing"]] == ["C"] and body["missing"][0]["reason"]
         subs = get(a, "/api/v1/subscriptions")
         assert {s["clientid"] for s in subs["data"]} == {"dev-A", "dev-B"}

@@ -119,6 +119,8 @@ def test_kick_through_ctl(capsys, node, http) -> None:
     c = Client("kick-me", version=5)
     c.connect(node.mqtt_port)
     rc, out, _ = ctl(capsys, "clients", "kick", "kick-me", "--http", http)
-    assert rc == 0 and out.strip() == "kicked kick-me"
+    assert rc == 0 and out.strip() == "kicked kick-me on test-node"
     rc_reason, _ = c.disconnects.get(timeout=10)
     assert rc_reason.value == 0x98
+    rc, _, err = ctl(capsys, "clients", "kick", "nobody", "--http", http)
+    assert rc == 1 and "nobody: not connected to any member that answered" in err
