@@ -8,6 +8,10 @@ wall second for a cluster of complete nodes, idle and with light traffic.
 Light traffic: one persistent QoS 1 subscriber per node on `load/<node>/#` and one
 publisher per node that publishes QoS 1 to the next node's filter every `--interval`
 virtual seconds (so every message crosses one mesh link).  Prints one line per case.
+
+Measured on the 2-core development machine, shared (load average ~3), 120 virtual s per
+case: 20 nodes idle 66-70, light traffic 24-36 virtual s per wall s; 5 nodes idle 268,
+light traffic 127.
 """
 
 from __future__ import annotations
