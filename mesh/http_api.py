@@ -55,6 +55,17 @@ class Request:
     path_params: dict[str, str] = field(default_factory=dict)
     peer: str = ""
 
+    @classmethod
+    def from_target(cls, method: str, target: str, *, headers: dict[str, str] | None = None, body: bytes = b"",
+                    peer: str = "") -> "Request":
+        """A request for `target` as a request line carries it (`/path?query`): the
+        server builds every request this way, and so can a caller that dispatches to a
+        router in-process."""
+        split = urlsplit(target)
+        return cls(method=method.upper(), path=split.path or "/",
+                   query=dict(parse_qsl(split.query, keep_blank_values=True)), headers=headers or {}, body=body,
+                   peer=peer)
+
     def json(self) -> object:
         """The body as JSON; raises HttpError(400) if it is not."""
         if not self.body:
@@ -377,15 +388,8 @@ async def _read_request(
             break
         elif isinstance(event, h11.ConnectionClosed):
             raise _Close
-    split = urlsplit(head.target.decode("latin-1"))
-    return Request(
-        method=head.method.decode("ascii").upper(),
-        path=split.path or "/",
-        query=dict(parse_qsl(split.query, keep_blank_values=True)),
-        headers=headers,
-        body=b"".join(chunks),
-        peer=peer,
-    )
+    return Request.from_target(head.method.decode("ascii"), head.target.decode("latin-1"), headers=headers,
+                               body=b"".join(chunks), peer=peer)
 
 
 async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Event:

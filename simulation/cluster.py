@@ -355,7 +355,7 @@ class SimCluster:
         """Call a node's HTTP API in-process (no listener): (status, JSON body or text)."""
         import json
 
-        request = Request(method, path, body=b"" if body is None else json.dumps(body).encode())
+        request = Request.from_target(method, path, body=b"" if body is None else json.dumps(body).encode())
         response = await self.running(node_id).api.dispatch(request)
         if response.content_type.startswith("application/json"):
             return response.status, json.loads(response.body)

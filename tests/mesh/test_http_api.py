@@ -393,3 +393,9 @@ def test_response_helpers() -> None:
     assert e.status == 409 and json.loads(e.body) == {"error": "conflict"}
     t = text_response("héllo")
     assert t.body == "héllo".encode() and t.content_type == "text/plain; charset=utf-8"
+
+
+def test_request_from_target_splits_as_the_server_does() -> None:
+    r = Request.from_target("get", "/api/v1/subscriptions?topic=a%2Fb&limit=&topic=c")
+    assert (r.method, r.path, r.query) == ("GET", "/api/v1/subscriptions", {"topic": "c", "limit": ""})
+    assert Request.from_target("GET", "").path == "/"

@@ -26,6 +26,8 @@ def test_a_killed_member_is_named_missing_in_virtual_time() -> None:
         assert status == 200
         assert {(s["clientid"], s["topic"]) for s in body["data"]} == {(f"dev-{a}", f"site/{a}/#"),
                                                                       (f"dev-{b}", f"site/{b}/#")}
+        status, body = await cluster.api(a, "GET", f"/api/v1/subscriptions?topic=site/{b}/door")
+        assert [(s["clientid"], s["node"]) for s in body["data"]] == [(f"dev-{b}", b)]
         assert [m["node"] for m in body["missing"]] == [c]
         assert cluster.clock.now() - started <= 3.0 + 0.1  # never longer than one query timeout
 
