@@ -109,6 +109,16 @@ class _Machine:
 
 
 class SimCluster:
+    """The running cluster a scenario gets from `run_cluster`.
+
+    Nodes: `node_ids` ("n0".."n{N-1}"), `node(id)` (None while killed), `alive_nodes()`,
+    `running(id)`, `cluster(id)` and `gossip(id)` (a running node's parts), `api(id, ...)`.
+    Faults: `kill`, `restart`, `stop`, `cut`/`heal`, `skew`, `slow_disk`; `net` is the
+    `MemoryNetwork` itself (`set_link`, `reset`, `down` for finer ones).  Clients:
+    `connect` (a `SimClient`; `clients` by id).  Time: `run_for`, `wait_for`,
+    `wait_converged` (`convergence_gaps` says what is missing).  `on_event`: every
+    `SimEvent` as it happens."""
+
     def __init__(self, params: ClusterParams, nursery: trio.Nursery) -> None:
         if params.store not in ("memory", "rocks"):
             raise ValueError(f"store must be 'memory' or 'rocks', not {params.store!r}")
@@ -126,6 +136,8 @@ class SimCluster:
 
     def _machine(self, node_id: str) -> _Machine:
         p = self.params
+        # Without a data dir nothing is written to one (memory store, no traces): a path
+        # that does not exist makes sure of it.
         data_dir = os.path.join(p.data_dir, node_id) if p.data_dir is not None else f"/nonexistent/meshd-sim/{node_id}"
         flags: dict[str, object] = {
             "node_id": node_id,
