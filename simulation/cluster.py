@@ -342,10 +342,10 @@ class SimCluster:
 
     async def connect(self, node_id: str, client_id: str, *, clean_start: bool = True, session_expiry: int = 0,
                       protocol: int = 5, keepalive: int = 60, receive_maximum: int | None = None,
-                      ack_delay: float = 0.0, will: Will | None = None) -> SimClient:
+                      ack_delay: float = 0.0, will: Will | None = None, resend: bool = False) -> SimClient:
         """A new client connected to `node_id` (see `SimClient.connect`)."""
         client = SimClient(client_id, dial=self._dial, nursery=self._nursery, clock=self.clock, emit=self.emit,
-                           protocol=protocol, keepalive=keepalive, ack_delay=ack_delay)
+                           protocol=protocol, keepalive=keepalive, ack_delay=ack_delay, resend=resend)
         self.clients[client_id] = client
         return await client.connect(node_id, clean_start=clean_start, session_expiry=session_expiry,
                                     receive_maximum=receive_maximum, will=will)

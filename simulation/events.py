@@ -15,6 +15,7 @@ class SimEvent:
       connect (clean_start, session_expiry), connack (reason, session_present),
       publish (topic, payload, qos, retain, packet_id): a client sent a PUBLISH,
       acked (topic, payload, qos, packet_id, reason): its PUBACK / PUBCOMP came,
+      resend (packet_id, packet): a PUBLISH (DUP) or PUBREL sent again after a reconnect,
       deliver (topic, payload, qos, dup, retain, packet_id): a client received one,
       subscribed (filter, qos, reason), unsubscribed (filter),
       disconnect, drop, lost (why), kicked (reason): a client's connection ended,

@@ -11,7 +11,7 @@ so checkers see publishes, acknowledgements and deliveries in one history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import trio
@@ -88,11 +88,15 @@ Dial = Callable[[str, str], Pipe]
 
 class SimClient:
     def __init__(self, client_id: str, *, dial: Dial, nursery: trio.Nursery, clock: Clock, emit: Emit,
-                 protocol: int = 5, keepalive: int = 60, ack_delay: float = 0.0) -> None:
+                 protocol: int = 5, keepalive: int = 60, ack_delay: float = 0.0, resend: bool = False) -> None:
         self.client_id = client_id
         self.protocol = protocol
         self.keepalive = keepalive
         self.ack_delay = ack_delay  # seconds before acknowledging a received message
+        # As a device with a persistent session does: a PUBLISH (DUP) or PUBREL still
+        # unanswered when the connection dies is sent again after a reconnect that finds
+        # the session, and `publish` waits for its answer there (else ConnectionLost).
+        self.resend = resend
         self.node_id = ""
         self.session_present = False
         self.connack_reason = -1
@@ -109,6 +113,8 @@ class SimClient:
         self._waiters: dict[tuple[str, int], _Waiter] = {}  # (answer kind, packet id)
         self._next_id = 0
         self._qos2_in: set[int] = set()  # QoS 2 ids delivered, PUBREL not yet seen
+        self._outgoing: dict[int, Publish | Pubrel] = {}  # unanswered, in send order (resend only)
+        self._resumed = trio.Event()  # set when a connect ends: who waits to resend looks again
         self._connection = 0  # which connection the tasks belong to
 
     # ------------------------------------------------------------------ connecting
@@ -135,18 +141,37 @@ class SimClient:
                            properties=props, protocol_level=self.protocol))
         self._emit("connect", client=self.client_id, node=node_id, clean_start=clean_start,
                    session_expiry=session_expiry)
-        connack = await waiter.wait()
-        assert isinstance(connack, Connack)
-        self.connack_reason = connack.reason_code
-        self.session_present = connack.session_present
-        self.connected = connack.reason_code < 0x80
-        if connack.properties.assigned_client_identifier:
-            self.assigned_client_id = connack.properties.assigned_client_identifier
-        self._emit("connack", client=self.client_id, node=node_id, reason=connack.reason_code,
-                   session_present=connack.session_present)
-        if self.connected and self.keepalive:
-            self._nursery.start_soon(self._pinger, self._connection)
+        try:
+            connack = await waiter.wait()
+            assert isinstance(connack, Connack)
+            self.connack_reason = connack.reason_code
+            self.session_present = connack.session_present
+            self.connected = connack.reason_code < 0x80
+            if connack.properties.assigned_client_identifier:
+                self.assigned_client_id = connack.properties.assigned_client_identifier
+            self._emit("connack", client=self.client_id, node=node_id, reason=connack.reason_code,
+                       session_present=connack.session_present)
+            if self.connected and self.keepalive:
+                self._nursery.start_soon(self._pinger, self._connection)
+            if self.connected and self.session_present:
+                self._resend_outgoing()
+            else:
+                self._outgoing.clear()  # no session: what was unanswered is gone with it
+        finally:
+            self._resumed.set()
+            self._resumed = trio.Event()
         return self
+
+    def _resend_outgoing(self) -> None:
+        for packet_id, packet in self._outgoing.items():
+            if isinstance(packet, Publish):
+                self._waiter("puback" if packet.qos == 1 else "pubrec", packet_id)
+                packet = replace(packet, dup=True)
+            else:
+                self._waiter("pubcomp", packet_id)
+            self._emit("resend", client=self.client_id, node=self.node_id, packet_id=packet_id,
+                       packet=type(packet).__name__.upper())
+            self._send_quietly(packet)
 
     async def reconnect(self, node_id: str, *, clean_start: bool = False, session_expiry: int = 0,
                         receive_maximum: int | None = None, will: Will | None = None) -> "SimClient":
@@ -171,17 +196,15 @@ class SimClient:
             await trio.lowlevel.checkpoint()
             return None
         assert packet_id is not None
-        first = self._waiter("puback" if qos == 1 else "pubrec", packet_id)
-        self._send(Publish(topic, payload, qos, retain, packet_id=packet_id))
-        answer = await first.wait()
+        kind = "puback" if qos == 1 else "pubrec"
+        answer = await self._exchange(kind, packet_id, Publish(topic, payload, qos, retain, packet_id=packet_id))
         assert isinstance(answer, (Puback, Pubrec))
         reason = answer.reason_code
         if qos == 2 and reason < 0x80:
-            done = self._waiter("pubcomp", packet_id)
-            self._send(Pubrel(packet_id))
-            comp = await done.wait()
+            comp = await self._exchange("pubcomp", packet_id, Pubrel(packet_id))
             assert isinstance(comp, Pubcomp)
             reason = comp.reason_code
+        self._outgoing.pop(packet_id, None)
         self._emit("acked", client=self.client_id, node=self.node_id, topic=topic, payload=payload, qos=qos,
                    packet_id=packet_id, reason=reason)
         return reason
@@ -236,6 +259,32 @@ class SimClient:
 
     # ------------------------------------------------------------------ internals
 
+    async def _exchange(self, kind: str, packet_id: int, packet: Publish | Pubrel) -> Packet:
+        """Send `packet` and wait for its answer `kind`; with `resend`, across reconnects
+        that find the session (the reconnect sends it again)."""
+        waiter = self._waiter(kind, packet_id)
+        if self.resend:
+            self._outgoing[packet_id] = packet
+        try:
+            self._send(packet)
+        except ConnectionLost:
+            if not self.resend:
+                raise
+        while True:
+            try:
+                return await waiter.wait()
+            except ConnectionLost:
+                if not self.resend:
+                    raise
+            while True:  # until a connect finds the session (and resent it) or loses it
+                await self._resumed.wait()
+                if packet_id not in self._outgoing:
+                    raise ConnectionLost(f"{self.client_id}: the session is gone, and packet {packet_id} with it")
+                found = self._waiters.get((kind, packet_id))
+                if found is not None and self.connected:
+                    waiter = found
+                    break
+
     def _require_connected(self) -> None:
         if not self.connected:
             raise ConnectionLost(f"{self.client_id} is not connected")
@@ -248,7 +297,7 @@ class SimClient:
     def _allocate_id(self) -> int:
         for _ in range(65535):
             self._next_id = self._next_id % 65535 + 1
-            if not any(pid == self._next_id for _, pid in self._waiters):
+            if self._next_id not in self._outgoing and not any(pid == self._next_id for _, pid in self._waiters):
                 return self._next_id
         raise RuntimeError("no packet id free")
 

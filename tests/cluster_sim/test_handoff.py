@@ -266,3 +266,40 @@ def test_a_roaming_client_onto_a_node_with_a_slow_clock_gets_its_session_on_the_
                          "only n0 holds the session")  # n1 lets go once its ho_done is answered
 
     sim(scenario)
+
+
+def test_a_publishers_unanswered_qos2_message_resent_after_a_move_is_delivered_once() -> None:
+    """A persistent publisher's QoS 2 PUBLISH gets no PUBREC (its node's link to the
+    subscriber's node is cut one way, so the forward is not acknowledged); the device
+    drops off and reconnects to another node, which takes its session over, QoS 2 ids
+    received included, and sends the PUBLISH again (DUP).  The subscriber gets the
+    message exactly once, and the publisher its PUBCOMP."""
+
+    async def scenario(c: SimCluster) -> None:
+        sub = await c.connect("n1", "once-sub")
+        await sub.subscribe("once/#", 2)
+        await wait_route(c, "once/#", {"n1"})
+        pub = await c.connect("n0", "once-pub", clean_start=False, session_expiry=EXPIRY, resend=True)
+        resent: list[object] = []
+        c.on_event(lambda e: resent.append(e.detail["packet"]) if e.kind == "resend" else None)
+        reasons: list[int | None] = []
+        c.cut(["n1"], ["n0"], one_way=True)  # n1's acknowledgements of n0's forwards stall
+        async with trio.open_nursery() as nursery:
+            async def publish() -> None:
+                reasons.append(await pub.publish("once/x", b"exactly once", qos=2))
+
+            nursery.start_soon(publish)
+            await c.run_for(0.5)
+            assert not reasons
+            await pub.drop()
+            await pub.reconnect("n2", session_expiry=EXPIRY)
+            assert pub.session_present
+            await c.run_for(0.5)
+            c.heal()
+        assert reasons == [0]
+        assert resent == ["PUBLISH"]  # sent again, with DUP, to n2
+        await c.wait_for(lambda: bool(sub.received), 5, "the message")
+        await c.run_for(2.0)
+        assert sub.payloads() == [b"exactly once"]
+
+    sim(scenario)
