@@ -69,15 +69,26 @@ def run_seed(spec: SimSpec, *, buggify: tuple[str, ...] = (), out_dir: Path | No
     params = ClusterParams(
         nodes=spec.nodes, seed=spec.seed, store="memory",
         data_dir=str(out_dir) if out_dir is not None else None, trace=out_dir is not None,
+        time_limit=spec.seconds + QUIET_SECONDS + 4 * SETTLE_TIMEOUT + 120.0,
     )
     history = History()
     quiet = logging.getLogger("meshd")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # the nodes' own logs are not the simulator's output
     faults.switch_on(buggify)
+    workload = Workload(schedule, history, random.Random(f"{spec.seed}:runtime"))
     try:
-        workload = Workload(schedule, history, random.Random(f"{spec.seed}:runtime"))
         final = run_cluster(params, workload.run)
+    except BaseExceptionGroup as group:
+        # Something the workload waited on never came and the harness's time limit
+        # ended the run (its Cancelled arrives wrapped by the workload's nurseries).
+        if group.subgroup((trio.Cancelled, SimTimeout)) is None:
+            raise
+        final = FinalState()
+        workload.stuck(f"the run did not end within its limit of {params.time_limit:g} virtual s")
+    except SimTimeout as exc:
+        final = FinalState()
+        workload.stuck(str(exc))
     finally:
         faults.switch_off()
         quiet.setLevel(level)
@@ -235,12 +246,22 @@ class Workload:
             if plan.filters and not client.session_present:
                 for topic_filter, qos in plan.filters:
                     try:
-                        reason = await client.subscribe(topic_filter, qos)
+                        with trio.move_on_after(CONNECT_TIMEOUT) as scope:
+                            reason = await client.subscribe(topic_filter, qos)
                     except ConnectionLost:
+                        break
+                    if scope.cancelled_caught:
+                        self.stuck(f"{cid}#{conn} got no SUBACK for {topic_filter} within {CONNECT_TIMEOUT:g} s")
+                        await client.drop()
                         break
                     self.history.add(Subscribed(self.now(), cid, conn, topic_filter, qos, reason))
             return client
         return None
+
+    def stuck(self, what: str) -> None:
+        """A request the cluster never answered (the run goes on without it)."""
+        if self.failure is None:
+            self.failure = Violation("liveness", what, tuple(str(e) for e in self.history.ordered()[-40:]))
 
     async def _publish(self, plan: ClientPlan, client: SimClient, step: ClientStep) -> None:
         cid = plan.client_id
