@@ -28,3 +28,19 @@ def node_factory(tmp_path: Any) -> Iterator[Callable[..., RunningNode]]:
 @pytest.fixture
 def node(node_factory: Callable[..., RunningNode]) -> RunningNode:
     return node_factory()
+
+
+# The suite runs on two pytest-xdist workers (scripts/test). Tests that share something
+# the machine has only once run on one worker, one after another: the network
+# namespace labs (fixed namespace names), mDNS on the host's LAN interface, and Spark
+# (one JVM, started once, instead of one per worker).
+_SERIAL_GROUPS = {"netns": "netns", "spark": "spark"}
+_SERIAL_MODULES = {"test_mdns": "mdns", "test_mdns_port": "mdns"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((g for marker, g in _SERIAL_GROUPS.items() if item.get_closest_marker(marker)), None)
+        group = group or _SERIAL_MODULES.get(item.module.__name__.rsplit(".", 1)[-1] if item.module else "")
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
