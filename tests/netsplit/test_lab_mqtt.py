@@ -23,7 +23,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     base = tmp_path_factory.mktemp("labmqtt")
-    with netlab.NetLab(hosts=N, prefix="mq") as net:
+    with netlab.NetLab(hosts=N) as net:  # a prefix of its own (the pid): concurrent runs do not collide
         c = LabCluster(net, base)
         try:
             c.start()
