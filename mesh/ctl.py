@@ -192,9 +192,26 @@ def _read_at_file(args: argparse.Namespace) -> str | None:
     return None
 
 
+# A command with actions, given none, lists (`meshd ctl clients` is `meshd ctl clients list`).
+_ACTIONS = {"clients": {"list", "show", "kick"}, "sessions": {"list", "show", "delete"},
+            "subscriptions": {"list"}, "config": {"list", "get", "set"}}
+
+
+def _default_action(argv: list[str]) -> list[str]:
+    for i, token in enumerate(argv):
+        if token in _ACTIONS:
+            rest = argv[i + 1:]
+            if any(t in _ACTIONS[token] for t in rest) or any(t in ("-h", "--help") for t in rest):
+                return argv
+            return argv[:i + 1] + ["list"] + rest
+        if token in ("routes", "cluster"):
+            return argv
+    return argv
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse(argv)
+    args = parser.parse(_default_action(argv))
     problem = _read_at_file(args)
     if problem is not None:
         print(f"meshd ctl: {problem}", file=sys.stderr)

@@ -36,6 +36,16 @@ def test_json_and_http_anywhere_on_the_line(capsys, http, command) -> None:
     assert answers[0] == answers[1] == answers[2]
 
 
+@pytest.mark.parametrize("command", ["clients", "sessions", "subscriptions", "config"])
+def test_a_command_given_no_action_lists(capsys, http, command) -> None:
+    rc, listed, err = ctl(capsys, command, "list", "--json", "--http", http)
+    assert rc == 0, err
+    rc, bare, err = ctl(capsys, command, "--json", "--http", http)
+    assert rc == 0, err
+    drop_uptime = lambda text: {k: v for k, v in json.loads(text).items() if k != "uptime_s"}  # noqa: E731
+    assert drop_uptime(bare) == drop_uptime(listed)
+
+
 def test_token_anywhere_on_the_line(capsys, node_factory) -> None:
     node = node_factory(api_token="s3cret")
     http = f"127.0.0.1:{node.ports['http']}"
