@@ -25,7 +25,7 @@ def remove_ready_file(path: str | None) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
-        pass
+        pass  # not there: a first start, or a stop already removed it
     except OSError as exc:
         raise ConfigError("ready_file", f"cannot remove {path}: {exc.strerror or exc}") from None
 

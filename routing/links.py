@@ -34,7 +34,6 @@ class LinkGossip(Protocol):
         """A new stream to the member (None while its address is unknown); OSError
         when it cannot be reached. Links never open sockets themselves: the transport
         behind this is TCP in a node and the in-memory network in simulation."""
-        ...
 
     def seal_frame(self, body: bytes) -> bytes: ...
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mesh.http_client import request_json  # noqa: E402
-from tests.cluster.test_membership_processes import wait_for  # noqa: E402
+from tests.support import wait_for  # noqa: E402
 from tests.support import Client, free_port  # noqa: E402
 
 # The last commit before the house (issue 19) changed the shape of every package.

@@ -374,7 +374,7 @@ class SimClient:
             self.disconnect_reason = packet.reason_code
             self._emit("kicked", client=self.client_id, node=self.node_id, reason=packet.reason_code)
         elif isinstance(packet, Pingresp):
-            pass
+            pass  # the keep alive was answered: the connection lives, nothing to record
 
     def _on_publish(self, p: Publish) -> None:
         duplicate = p.qos == 2 and p.packet_id in self._qos2_in

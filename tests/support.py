@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import paho.mqtt.client as mqtt
 import trio
@@ -25,6 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from mesh.config import load_settings
+from mesh.http_client import HttpClientError
 from mesh.compose import build_node
 from mesh.node import Node
 
@@ -402,3 +403,27 @@ def start_all(nodes: "list[MeshdProcess]", timeout: float = START_TIMEOUT) -> No
         for node in nodes:
             node.__exit__()
         raise
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll `predicate` in real time until it returns something truthy (returned) or
+    `timeout` passes (AssertionError naming `what` and the last answer). A node that is
+    not listening yet, or restarting, is an answer of "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (OSError, HttpClientError) as exc:
+            last = exc
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}: {last}")
+
+
+async def until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    """In a Trio test: until `cond()` holds (virtual or real time), or TooSlowError."""
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(0.05)

@@ -10,7 +10,8 @@ import os
 import signal
 
 from tests.cluster.test_mesh_processes import cluster3, wait_route  # noqa: F401  (fixture)
-from tests.cluster.test_membership_processes import view, wait_for
+from tests.cluster.test_membership_processes import view
+from tests.support import wait_for
 from tests.support import Client
 
 

@@ -4,7 +4,8 @@ node answers for all of them, and names the member that did not answer."""
 from __future__ import annotations
 
 from mesh.http_client import request_json
-from tests.cluster.test_membership_processes import view, wait_for
+from tests.cluster.test_membership_processes import view
+from tests.support import wait_for
 from tests.cluster.test_mesh_processes import start_cluster
 from tests.support import Client, run_cli
 

@@ -4,33 +4,15 @@ view, kill -9, rejoin.  Membership in all its cases is tested on the simulator
 
 from __future__ import annotations
 
-import time
-
-from mesh.http_client import HttpClientError, request_json
-from tests.support import MeshdProcess, free_port, run_cli
+from mesh.http_client import request_json
+from tests.support import MeshdProcess, free_port, run_cli, wait_for
 
 FAST = ("--gossip-preset", "local")
-
 
 def view(node: MeshdProcess) -> dict[str, str]:
     status, body = request_json(node.http_addr, "GET", "/api/v1/members")
     assert status == 200
     return {m["id"]: m["state"] for m in body["members"]}
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return
-        except (OSError, HttpClientError) as exc:  # not listening yet, or restarting
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: {last}")
-
 
 def test_five_nodes_converge_kill9_dead_and_rejoin(tmp_path):
     ports = [free_port() for _ in range(5)]

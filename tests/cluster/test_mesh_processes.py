@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from mesh.http_client import request_json
-from tests.cluster.test_membership_processes import FAST, view, wait_for
+from tests.cluster.test_membership_processes import FAST, view
+from tests.support import wait_for
 from tests.support import Client, MeshdProcess, free_port, run_cli
 
 

@@ -14,7 +14,7 @@ from clock import TrioClock
 from gossip.config import LOCAL
 from gossip.mdns import MdnsDiscovery
 from gossip.service import _advertise_guess
-from tests.support import free_port
+from tests.support import free_port, until
 
 
 class Host:
@@ -43,9 +43,7 @@ def test_nodes_find_each_other_only_on_the_same_mdns_port() -> None:
         async with trio.open_nursery() as nursery:
             for host, port in ((a, shared), (b, shared), (c, other)):
                 nursery.start_soon(MdnsDiscovery(host, clock=TrioClock(), rng=random.Random(1), port=port).run)
-            with trio.fail_after(20):
-                while not (a.joined and b.joined):
-                    await trio.sleep(0.05)
+            await until(lambda: a.joined and b.joined, 20)
             # c announced and browsed all along: by now it would have heard a and b on 5353 or `shared`.
             nursery.cancel_scope.cancel()
 

@@ -5,7 +5,7 @@ member's incarnation."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -15,6 +15,7 @@ from gossip.service import GossipService
 from gossip.trace import NullTraceWriter
 from gossip.memory_network import MemoryNetwork
 from oplog import EVENT_ATTR, FIELDS_ATTR
+from tests.support import until
 
 
 def lines_about(caplog: pytest.LogCaptureFixture, member: str) -> list[tuple[str, dict[str, Any]]]:
@@ -26,12 +27,6 @@ def lines_about(caplog: pytest.LogCaptureFixture, member: str) -> list[tuple[str
             assert r.getMessage().startswith(f"{event} member={member} ")
             out.append((event, getattr(r, FIELDS_ATTR)))
     return out
-
-
-async def until(cond: Callable[[], bool], timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.05)
 
 
 def view(svc: GossipService) -> dict[str, str]:

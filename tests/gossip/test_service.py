@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -15,6 +15,7 @@ from gossip.keyring import Keyring, parse_key
 from gossip.service import GossipService
 from mesh.config import load_settings
 from gossip.trace import NullTraceWriter, TraceWriter
+from tests.support import until
 
 KEY_A = base64.b64encode(b"A" * 32).decode()
 KEY_B = base64.b64encode(b"B" * 32).decode()
@@ -48,12 +49,6 @@ def make(node_id: str, seeds: list[tuple[str, int]], trace: Any = None, port: in
 
 def view(svc: GossipService) -> dict[str, str]:
     return {m["id"]: m["state"] for m in svc.members()}
-
-
-async def until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.05)
 
 
 async def test_five_nodes_converge_detect_crash_rejoin_leave(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from mesh.http_client import request_json
-from tests.cluster.test_membership_processes import wait_for
+from tests.support import wait_for
 from tests.support import Client
 
 

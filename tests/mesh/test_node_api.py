@@ -7,7 +7,7 @@ import socket
 import urllib.request
 
 from mesh.http_client import request_json
-from tests.cluster.test_membership_processes import wait_for
+from tests.support import wait_for
 from tests.support import Client
 
 

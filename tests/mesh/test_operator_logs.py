@@ -14,14 +14,14 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from mesh.http_client import request_json
 from mesh.logs import setup_logging
 from oplog import EVENT_ATTR, FIELDS_ATTR, Event, format_fields, log_event
-from tests.support import TIMEOUT, Client, MeshdProcess, RunningNode, run_cli
+from tests.support import TIMEOUT, Client, MeshdProcess, RunningNode, run_cli, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,22 +34,12 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
     return getattr(record, FIELDS_ATTR)
 
 
-def wait_for(predicate: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def one(caplog: pytest.LogCaptureFixture, event: Event, **match: Any) -> dict[str, Any]:
     """Wait for exactly one `event` line whose fields include `match`; its fields."""
     def found() -> list[logging.LogRecord]:
         return [r for r in events(caplog, event) if all(fields(r).get(k) == v for k, v in match.items())]
 
-    (record,) = wait_for(found, f"{event} {match}")
+    (record,) = wait_for(found, TIMEOUT, f"{event} {match}")
     line = record.getMessage()
     assert line.startswith(f"{event} ") and "\n" not in line
     for k, v in match.items():

@@ -90,3 +90,32 @@ class CodecServer:
 
     def send(self, packet) -> None:
         self.sock.sendall(encode(packet, self.level))
+
+
+# Raw bytes for tests that build packets the encoder would refuse to write.
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def pkt(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + varint(len(body)) + body
+
+
+def s(text: bytes | str) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def u16(n: int) -> bytes:
+    return n.to_bytes(2, "big")
+
+
+def props(*items: bytes) -> bytes:
+    body = b"".join(items)
+    return varint(len(body)) + body

@@ -30,41 +30,14 @@ from trio_websocket import open_websocket_url
 
 from mqtt import Connack, Decoder, Packet, Publish
 from mqtt.server import ConnectRefused, ServerConnection, ServerSettings
-from tests.support import RunningNode, node_settings
+from tests.mqtt.helpers import pkt, props, s, u16
+from tests.support import RunningNode, node_settings, wait_for
 
 TIMEOUT = 10.0
 H = bytes.fromhex
 
 
 # ----------------------------------------------------------------- bytes, by hand
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def pkt(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + _varint(len(body)) + body
-
-
-def s(text: str | bytes) -> bytes:
-    raw = text.encode() if isinstance(text, str) else text
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def u16(n: int) -> bytes:
-    return n.to_bytes(2, "big")
-
-
-def props(*items: bytes) -> bytes:
-    body = b"".join(items)
-    return _varint(len(body)) + body
-
 
 NOPROPS = b"\x00"
 PINGREQ, PINGRESP, DISCONNECT = b"\xc0\x00", b"\xd0\x00", b"\xe0\x00"
@@ -219,10 +192,7 @@ class Net:
         return w
 
     def wait(self, condition: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while not self.node.call(condition):
-            assert time.monotonic() < deadline, "condition not reached"
-            time.sleep(0.01)
+        wait_for(lambda: self.node.call(condition), TIMEOUT, "the node's condition")
 
     def wait_node_seconds(self, seconds: float) -> None:
         """Until the node's own clock has moved on by `seconds` (a message expiry)."""

@@ -23,33 +23,7 @@ from mqtt import (
     encode,
 )
 from mqtt.reason_codes import CONNACK_REASONS, DISCONNECT_REASONS
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def pkt(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + varint(len(body)) + body
-
-
-def s(text: bytes | str) -> bytes:
-    raw = text.encode() if isinstance(text, str) else text
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def u16(n: int) -> bytes:
-    return n.to_bytes(2, "big")
-
-
-def props(*items: bytes) -> bytes:
-    body = b"".join(items)
-    return varint(len(body)) + body
+from tests.mqtt.helpers import pkt, props, s, u16
 
 
 def connect(name: bytes = b"MQTT", level: int = 4, flags: int = 0x02, body: bytes | None = None,

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import trio
@@ -23,7 +21,7 @@ from mesh.compose import cluster_stream_tls
 from mesh.config import ConfigError
 from mesh.http_client import request_json
 from mesh.tls import cluster_contexts
-from tests.support import Client, MeshdProcess, free_port, node_settings, run_cli
+from tests.support import Client, MeshdProcess, free_port, node_settings, run_cli, until, wait_for
 
 
 @dataclass
@@ -140,9 +138,7 @@ async def test_tls_streams_verify_both_sides(certs: dict[str, NodeCert], caplog:
         # no TLS at all: plain frames to a TLS port are refused
         plain = await net.transport("p").open_stream(("b", 7946))
         await plain.send_all(b"\x00\x00\x00\x05hello")
-        with trio.fail_after(10):
-            while len([r for r in caplog.records if "refused a node-to-node stream" in r.getMessage()]) < 2:
-                await trio.sleep(0.1)
+        await until(lambda: len([r for r in caplog.records if "refused a node-to-node stream" in r.getMessage()]) >= 2, 10)
         refused = [r for r in caplog.records if "refused a node-to-node stream" in r.getMessage()]
         assert {re.sub(r"^refused a node-to-node stream from (\S+): .*", r"\1", r.getMessage())
                 for r in refused} == {"x:7946", "p:7946"}
@@ -164,18 +160,6 @@ class LogLines:
 
     def has(self, words: str) -> bool:
         return any(words in line for line in self.node.output().splitlines())
-
-
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass  # not listening yet
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def alive(node: MeshdProcess) -> set[str]:
@@ -203,12 +187,12 @@ def test_two_nodes_mesh_over_tls_and_refuse_another_ca(tmp_path: Path, certs: di
         a, b = nodes["A"].start(), nodes["B"].start()
         assert a.proc is not None
         log_a = LogLines(a)
-        wait_for(lambda: alive(a) == {"A", "B"} and alive(b) == {"A", "B"}, "A and B see each other")
+        wait_for(lambda: alive(a) == {"A", "B"} and alive(b) == {"A", "B"}, 30.0, "A and B see each other")
 
         sub = Client("tls-sub", version=5, clean=False)
         sub.connect(a.port, expiry=600)
         sub.subscribe("secure/#", 1)
-        wait_for(lambda: routes(b).get("secure/#") == {"A"}, "B learns A's route")
+        wait_for(lambda: routes(b).get("secure/#") == {"A"}, 30.0, "B learns A's route")
         pub = Client("tls-pub", version=5)
         pub.connect(b.port)
         for i in range(5):
@@ -223,8 +207,8 @@ def test_two_nodes_mesh_over_tls_and_refuse_another_ca(tmp_path: Path, certs: di
         x = nodes["X"].start()
         assert x.proc is not None
         log_x = LogLines(x)
-        wait_for(lambda: log_a.has("refused a node-to-node stream from 127.0.0.1"), "A logs the refusal")
-        wait_for(lambda: log_x.has(f"TLS handshake with 127.0.0.1:{ports['A']} failed"), "X logs its failure")
+        wait_for(lambda: log_a.has("refused a node-to-node stream from 127.0.0.1"), 30.0, "A logs the refusal")
+        wait_for(lambda: log_x.has(f"TLS handshake with 127.0.0.1:{ports['A']} failed"), 30.0, "X logs its failure")
         assert alive(x) == {"X"} and "secure/#" not in routes(x)  # it learned nothing
         assert alive(a) == {"A", "B"}
         pub.publish("secure/after", b"still", qos=1)
