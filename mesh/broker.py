@@ -25,6 +25,7 @@ from typing import Callable, Protocol
 
 import faults
 from clock import Clock, SystemClock
+from hooks import Hooks
 from mesh.client_port import ClientPort, PublishCache
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
 from mqtt.topics import parse_shared_subscription
@@ -129,8 +130,11 @@ class _SessionTarget:
 class Broker:
     def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
                  clock: Clock | None = None, mesh: Mesh | None = None,
-                 on_timer_change: Callable[[], None] | None = None, rng: random.Random | None = None) -> None:
+                 on_timer_change: Callable[[], None] | None = None, rng: random.Random | None = None,
+                 hooks: Hooks | None = None) -> None:
         self.limits = limits or BrokerLimits()
+        # The hook chains (`hooks/`): every point costs one empty-tuple test while unused.
+        self.hooks = hooks if hooks is not None else Hooks()
         # Assigned client ids; random.Random() seeds itself from the OS (ids must not repeat across runs).
         self._rng = rng if rng is not None else random.Random()
         self.node_id = node_id

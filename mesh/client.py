@@ -30,7 +30,7 @@ from mqtt import EMPTY_PROPERTIES, Connect, Disconnect, Pingreq, Puback, Pubcomp
 from mqtt.server import ConnectRefused, ProtocolViolation, PublishReleased, PublishRepeated, ServerConnection, ServerSettings
 from oplog import Event, log_event
 from routing.links import AckGate
-from session_store.model import NEVER_EXPIRES, Delivery, Session
+from session_store.model import NEVER_EXPIRES, Delivery, Message, Session
 
 if TYPE_CHECKING:
     from mesh.broker import Broker, BrokerLimits
@@ -76,7 +76,7 @@ def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
 class Client:
     __slots__ = (
         "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
-        "session", "acl", "acl_generation", "closing", "pending_connect", "_publish_bucket", "_rate_delay",
+        "session", "acl", "acl_generation", "closing", "pending_connect", "pending_publish", "_publish_bucket", "_rate_delay",
         "_pending_acks", "_holds_slot", "close_reason",
     )
 
@@ -97,6 +97,8 @@ class Client:
         self.acl_generation = 0
         self.closing = False
         self.pending_connect: Connect | None = None  # a CONNECT whose handshake must await
+        # A PUBLISH whose message.publish hooks must be awaited before it is routed.
+        self.pending_publish: tuple[Publish, Message] | None = None
         rate = security.settings.publish_rate if security is not None else 0.0
         self._publish_bucket = TokenBucket(rate, max(1.0, rate)) if rate else None
         self._rate_delay = 0.0  # seconds the reader pauses (publish_rate)
@@ -147,14 +149,16 @@ class Client:
 
     def handle_events(self, now: float) -> bool:
         """Handle every event the machine has (`now`: wall clock, the broker's); True
-        when the connection must end. Stops at a CONNECT that must await (`pending_connect`)."""
+        when the connection must end. Stops at a CONNECT that must await (`pending_connect`)
+        and at a PUBLISH whose message.publish hooks must be awaited (`pending_publish`)."""
         machine = self.machine
         while not self.closing:
             event = machine.next_event()
             if event is None:
                 return False
             if type(event) is Publish:
-                self._on_publish(event, now)
+                if self._on_publish(event, now):
+                    return False
             elif type(event) is Puback or type(event) is Pubcomp:
                 self._on_ack(event.packet_id, now)
             elif type(event) is Pubrec:
@@ -404,7 +408,8 @@ class Client:
 
     # -------------------------------------------------------------- handlers
 
-    def _on_publish(self, p: Publish, now: float) -> None:
+    def _on_publish(self, p: Publish, now: float) -> bool:
+        """True when the message.publish hooks must be awaited first (`pending_publish`)."""
         broker = self.broker
         machine = self.machine
         qos = p.qos
@@ -422,7 +427,7 @@ class Client:
                 if refused == ReasonCode.SUCCESS and self.session is not None:
                     broker.qos2_received(self.session, pid)  # its PUBREL ends the exchange
                 self.write(machine.pubrec(pid, refused))
-            return
+            return False
         if self.security is not None:
             refusal = self._publish_refusal(p.topic)
             if refusal is not None:
@@ -431,14 +436,29 @@ class Client:
                     self.write(machine.puback(pid, refusal))
                 elif qos == 2:
                     self.write(machine.pubrec(pid, refusal))
-                return
+                return False
+        msg = broker.make_message(p.topic, p.payload, qos, p.retain, p.properties, self.client_id, now)
+        if broker.hooks.message_publish:
+            # Callbacks at message.publish may await (a bridge's durable enqueue): the
+            # reader awaits them (`pending_publish`), then calls `route_publish`.
+            self.pending_publish = (p, msg)
+            return True
+        self.route_publish(p, msg, now)
+        return False
+
+    def route_publish(self, p: Publish, msg: Message | None, now: float) -> None:
+        """Route what the message.publish hooks left of a PUBLISH (None: dropped by
+        one) and acknowledge it."""
+        broker = self.broker
+        machine = self.machine
+        qos = p.qos
+        pid = p.packet_id or 0
         store = broker.store
         epoch_before = store.write_epoch
-        msg = broker.make_message(p.topic, p.payload, qos, p.retain, p.properties, self.client_id, now)
         # In a cluster the ack also waits for the nodes the message was forwarded to.
         gate = AckGate() if qos and broker.mesh is not None else None
-        matched = broker.publish(msg, now, gate=gate)
-        if qos == 0:
+        matched = broker.publish(msg, now, gate=gate) if msg is not None else 0
+        if qos == 0 or self.closing:
             return
         rc = ReasonCode.SUCCESS if matched or machine.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
         if qos == 1:

@@ -10,6 +10,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     gossip                 SWIM membership, broadcasts and push-pull
     partition monitor      turns membership changes into partition events
     mesh port              the route table and links, shared by broker and cluster
+    hooks                  the chains at each point of a client's and a message's life
     broker                 sessions, subscriptions, retained messages, wills
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
@@ -33,6 +34,7 @@ from gossip.config import preset as gossip_preset
 from gossip.service import GossipService
 from gossip.trace import NullTraceWriter, TraceWriter
 from gossip.transport import StreamTls, Transport
+from hooks import Hooks
 from mesh.api import build_router
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
@@ -116,8 +118,10 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # changes), so neither is wired into the other.
     mesh = MeshPort(RouteTable(node_id, route_epoch), gossip)
     timers_changed = Doorbell()
+    # Plugins, the rule engine and the bridges add their callbacks to these chains.
+    hooks = Hooks()
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
-                    on_timer_change=timers_changed.ring, rng=_child(rng))
+                    on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks)
     broker.restore(recovered, started_at)
     cluster = Cluster(
         node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,

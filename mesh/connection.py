@@ -25,7 +25,8 @@ import trio
 from clock import Clock
 from mesh.client import OUTBOX_LIMIT, Client, _persistent, server_settings
 from mesh.streams import READ_SIZE, ByteStream
-from mqtt import Connect, ReasonCode
+from session_store.model import Message
+from mqtt import Connect, Publish, ReasonCode
 
 if TYPE_CHECKING:
     from mesh.broker import Broker
@@ -199,6 +200,11 @@ class ClientConnection(Client):
         while True:
             if self.handle_events(clock.wall()):
                 return
+            if self.pending_publish is not None:
+                scope.deadline = math.inf  # the hooks bound their own waits; a PUBLISH is not half-taken
+                await self._publish_hooked(*self.pending_publish)
+                scope.deadline = self._scope_deadline()
+                continue
             if self.pending_connect is not None:
                 scope.deadline = math.inf  # the handshake bounds its own waits
                 if not await self._handshake(self.pending_connect):
@@ -220,6 +226,12 @@ class ClientConnection(Client):
             stats.bytes_in += len(data)
             self._idle_since = now = clock.now()
             machine.receive_data(data, now)
+
+    async def _publish_hooked(self, p: Publish, msg: Message) -> None:
+        """A PUBLISH through the message.publish chain (which may await), then routed
+        and acknowledged; the reader reads nothing more meanwhile, so order holds."""
+        self.pending_publish = None
+        self.route_publish(p, await self.broker.hooks.run_publish(msg), self.clock.wall())
 
     async def _handshake(self, c: Connect) -> bool:
         """The CONNECT's steps (`mesh.client`), awaiting where a step must: the password

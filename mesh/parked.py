@@ -117,7 +117,7 @@ class ParkedConnection(ClientConnection):
             self._writing = False
         if end:
             self.closing = True  # the task flushes what is in the outbox, then closes
-        if self.closing or self.pending_connect is not None or not self._flush_now() or self._rate_delay:
+        if self.closing or self.pending_connect is not None or self.pending_publish is not None or not self._flush_now() or self._rate_delay:
             return False
         if self.session is not None:
             self._idle_since = now  # the same float as the machine's: an idle client holds one

@@ -1,0 +1,1 @@
+"""The rule engine: SQL rules over messages and events, compiled once, with actions."""
