@@ -18,6 +18,14 @@ Sides are reported as this node sees them: ``local`` (alive members and us) and
 half of the last stable view, the membership as it was before the onset; an exact
 half goes to the side holding the smallest member id, so both halves agree.
 
+Members that stop answering within ``window`` seconds after a detection join that
+partition (their probes simply came later).  Once that window closes, a partition
+that took in late members is reported again: a ``PartitionDetected`` with the same
+``partition_id`` and ``revision`` one higher, naming every member lost and the side
+recomputed (a 3|2 split often concludes on the first dead member while the others
+are still only suspect; the first record then names one peer and calls the
+minority a majority).  Readers keep the last revision of each partition id.
+
 A partition heals when every remote member is alive again (or left).  If some came
 back and the others stay dead for ``heal_grace`` seconds, those are taken to have
 crashed meanwhile: the partition heals without them (listed as ``missing``).
@@ -49,6 +57,7 @@ class PartitionDetected:
     remote: frozenset[str]  # the members we lost
     majority: bool  # our side holds a majority of the last stable view
     stable_view: frozenset[str]
+    revision: int = 0  # 0: the first conclusion; n: the n-th revision (late members joined)
 
     @property
     def detection_s(self) -> float:
@@ -90,6 +99,8 @@ class Partition:
     returned: dict[str, float] = field(default_factory=dict)  # remote members alive again -> since
     first_contact: float | None = None
     last_return: float = 0.0
+    revision: int = 0
+    late: set[str] = field(default_factory=set)  # joined after the last record, not yet reported
 
     def as_dict(self, clock_offset: float = 0.0) -> dict[str, object]:
         return {
@@ -174,8 +185,11 @@ class PartitionDetector:
             elif state == SUSPECT:
                 group.suspects += 1
         p = self._where.get(member)
-        if p is not None:
+        if p is not None and state == ALIVE and member in p.late:
+            self._unjoin(p, member)
+        elif p is not None:
             if state == LEFT:
+                p.late.discard(member)
                 p.remote.discard(member)
                 p.returned.pop(member, None)
                 del self._where[member]
@@ -214,6 +228,8 @@ class PartitionDetector:
             out += self._conclude(now)
         for pid in list(self.active):
             p = self.active[pid]
+            if self._revision_due(p, now):
+                out += self._revise(p, now)
             if not p.returned and self.give_up_after is not None and now >= p.detected_at + self.give_up_after:
                 self._forget(p)
                 self.expired_total += 1
@@ -233,6 +249,8 @@ class PartitionDetector:
         if g is not None and not (g.suspects and self._last_tick >= g.onset + self.window):
             times.append(g.onset + self.window)  # past the window, suspicions decide
         for p in self.active.values():
+            if p.late and not any(self.states.get(m) == SUSPECT for m in p.late):
+                times.append(p.detected_at + self.window)  # the join window closes
             if p.returned:
                 times.append(p.last_return + self.heal_grace)
             elif self.give_up_after is not None:
@@ -295,14 +313,40 @@ class PartitionDetector:
         # a member that stops answering just after a detection belongs to it (its
         # probes simply came later); the local side shrinks accordingly
         for p in self.active.values():
-            if now <= p.detected_at + self.window and member in p.local:
+            if now < p.detected_at + self.window and member in p.local:
                 p.remote.add(member)
                 p.local = p.local - {member}
                 # our side shrank: it may no longer hold the majority
                 p.majority = _holds_majority(p.local, p.stable_view)
                 self._where[member] = p
+                p.late.add(member)  # reported in a revision once the join window closes
                 return True
         return False
+
+    def _unjoin(self, p: Partition, member: str) -> None:
+        """A late member's suspicion was refuted before it was reported: it never
+        left our side."""
+        p.late.discard(member)
+        p.remote.discard(member)
+        p.returned.pop(member, None)
+        p.local = p.local | {member}
+        p.majority = _holds_majority(p.local, p.stable_view)
+        del self._where[member]
+
+    def _revision_due(self, p: Partition, now: float) -> bool:
+        # the join window has closed and every late member is settled (dead)
+        return bool(p.late) and now >= p.detected_at + self.window and all(
+            self.states.get(m) == DEAD for m in p.late
+        )
+
+    def _revise(self, p: Partition, now: float) -> list[PartitionDetected]:
+        p.late.clear()
+        # the members still lost (one that came back meanwhile is on its way home)
+        lost = frozenset(p.remote - p.returned.keys())
+        if not lost:
+            return []  # all back: the heal says the rest
+        p.revision += 1
+        return [PartitionDetected(p.id, now, p.onset, p.local, lost, p.majority, p.stable_view, p.revision)]
 
     def _conclude(self, now: float) -> list[PartitionDetected | PartitionHealed]:
         group = self._group

@@ -42,6 +42,8 @@ def trace_fields(
             "took_us": _us(ev.detection_s), "onset_ts_us": _us(ev.onset + clock_offset),
             "local": sorted(ev.local), "remote": sorted(ev.remote),
         }
+        if ev.revision:
+            out["revision"] = ev.revision  # same subject, revised: readers keep the last
         if config is not None:
             out["suspicion_us"] = _us(suspicion_s(config, len(ev.stable_view)))
         return out
@@ -58,7 +60,8 @@ def event_json(ev: PartitionDetected | PartitionHealed, clock_offset: float = 0.
     f = trace_fields(ev, clock_offset)
     out: dict[str, object] = {"event": f["kind"], "id": ev.partition_id, "ts_us": f["ts_us"], "peers": sorted(ev.remote)}
     if isinstance(ev, PartitionDetected):
-        out.update(local=sorted(ev.local), majority=ev.majority, detection_s=round(ev.detection_s, 3))
+        out.update(local=sorted(ev.local), majority=ev.majority, detection_s=round(ev.detection_s, 3),
+                   revision=ev.revision)
     else:
         out.update(heal_s=round(ev.heal_s, 3), duration_s=round(ev.duration_s, 3), missing=sorted(ev.missing))
     return out

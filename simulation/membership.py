@@ -658,7 +658,7 @@ class Simulation:
         out: dict[str, Any] = {"suspicion_timeout_plus_3_s": round(bound, 3)}
         for side, members in enumerate(p.partition):
             times = [self.far_all_dead_at[i] - p.partition_at for i in members if i in self.far_all_dead_at]
-            det = [ev.detection_s for i, ev in self.partition_events if i in members and isinstance(ev, PartitionDetected)]
+            det = [ev.detection_s for i, ev in self.detections().values() if i in members]
             out[f"side_{'ab'[side]}"] = {
                 "nodes": len(members),
                 "marked_other_dead": len(times),
@@ -678,8 +678,18 @@ class Simulation:
                 one_view_nodes=len(heal), live_nodes=len(live),
                 heal_p50_s=_pct(heal, 50), heal_p99_s=_pct(heal, 99), heal_max_s=round(max(heal), 3) if heal else None,
                 healed_events=sum(1 for _, ev in self.partition_events if isinstance(ev, PartitionHealed)),
+                detected_partitions=len(self.detections()),
             )
         return out
+
+    def detections(self) -> dict[str, tuple[int, PartitionDetected]]:
+        """Each partition's last ``PartitionDetected`` (a revision names the members
+        that joined it late and the side recomputed), keyed by partition id."""
+        last: dict[str, tuple[int, PartitionDetected]] = {}
+        for i, ev in self.partition_events:
+            if isinstance(ev, PartitionDetected):
+                last[ev.partition_id] = (i, ev)
+        return last
 
     def dead_bound(self) -> float:
         """Upper bound on crash-to-dead at every node from the protocol's formulas:

@@ -122,6 +122,33 @@ def test_a_straggler_joins_the_partition_just_detected():
     assert feed(d, [("n4", "suspect", 12.5), ("n4", "dead", 13.0)]) == []
     assert d.active[ev.partition_id].remote == {"n3", "n4"}
     assert d.active[ev.partition_id].local == {"n0", "n1", "n2"}
+    # once the join window has closed the partition is reported again, whole
+    assert d.next_deadline() == 14.0
+    (rev,) = d.tick(14.0)
+    assert isinstance(rev, PartitionDetected) and rev.partition_id == ev.partition_id and rev.revision == 1
+    assert rev.remote == {"n3", "n4"} and rev.local == {"n0", "n1", "n2"} and rev.majority
+    assert d.tick(15.0) == [] and d.detected_total == 1
+
+
+def test_a_revision_names_the_whole_other_side_and_the_minority():
+    # the 3|2 split seen from n0 on the 2 side: concluded on n1 alone (majority, by
+    # the view then), n2 and n3 lost just after; the revision corrects both
+    d = detector(window=2.0)
+    (first,) = feed(d, [("n1", "suspect", 10.0), ("n1", "dead", 11.0)]) + d.tick(12.0)
+    assert first.remote == {"n1"} and first.majority
+    feed(d, [("n2", "suspect", 12.5), ("n3", "suspect", 12.6), ("n2", "dead", 13.5)])
+    assert d.tick(14.0) == []  # n3 is still only suspect: wait for it
+    (rev,) = feed(d, [("n3", "dead", 14.5)])
+    assert rev.partition_id == first.partition_id and rev.revision == 1
+    assert rev.remote == {"n1", "n2", "n3"} and rev.local == {"n0", "n4"} and not rev.majority
+
+
+def test_a_late_suspicion_refuted_is_taken_back_before_any_revision():
+    d = detector(window=2.0)
+    (first,) = feed(d, [("n1", "dead", 10.0)]) + d.tick(12.0)
+    feed(d, [("n2", "suspect", 12.5), ("n2", "alive", 13.0)])
+    assert d.tick(20.0) == [] and d.active[first.partition_id].local == {"n0", "n2", "n3", "n4"}
+    assert not d.across_partition("n2")
 
 
 def test_minority_follows_the_side_as_it_shrinks():
@@ -188,11 +215,14 @@ def test_invariants_under_any_sequence(steps):
         evs = d.member_changed(member, state, now) + d.tick(now)
         for ev in evs:
             if isinstance(ev, PartitionDetected):
-                assert ev.partition_id not in open_ids
+                # a new partition, or a revision (late members) of an open one
+                assert (ev.partition_id in open_ids) is (ev.revision > 0)
                 open_ids.add(ev.partition_id)
                 # the two sides never overlap and we are always on ours
                 assert not (ev.local & ev.remote) and "n0" in ev.local
-                assert ev.remote and all(d.states[m] == "dead" for m in ev.remote)
+                # lost for good when concluded; a revision may find one suspect again
+                lost = ("dead",) if ev.revision == 0 else ("dead", "suspect")
+                assert ev.remote and all(d.states[m] in lost for m in ev.remote)
                 assert ev.at >= ev.onset + d.window
             else:
                 assert ev.partition_id in open_ids  # healed only what was detected

@@ -111,3 +111,24 @@ def test_each_side_of_a_100_node_split_marks_the_other_dead_within_the_bound():
     # unprobed for many intervals (measured: 16.8 s / 22.3 s worst case)
     _, slow, _, _ = run_split(100, "0-59|60-99", 10.0, 40.0, 45.0, sweep_mult=0)
     assert slow.partition["side_b"]["other_dead_max_s"] > bound
+
+
+def test_members_lost_after_the_first_conclusion_are_reported_in_a_revision():
+    # seed 1: each side concludes on the first far member dead while the others are
+    # still suspect; those join the partition later.  The first record names one peer
+    # (and the 2-node side calls itself the majority); the revision, same partition
+    # id, names the whole other side with the side recomputed.
+    sim, _, (a, b), _ = run_split(5, "0-2|3-4", 5.0, 60.0, 70.0, seed=1)
+    names = lambda side: frozenset(f"n{i}" for i in side)  # noqa: E731
+    revised = 0
+    for side, other, majority in ((a, b, True), (b, a, False)):
+        for i in side:
+            dets = [ev for ev in events_of(sim, i) if isinstance(ev, PartitionDetected)]
+            assert len({d.partition_id for d in dets}) == 1
+            last = dets[-1]
+            assert last.remote == names(other) and last.local == names(side) and last.majority is majority
+            assert [d.revision for d in dets] == list(range(len(dets)))
+            revised += len(dets) > 1
+    assert revised >= 2  # the seed does show the late joiners
+    # the simulator counts partitions, not records
+    assert len(sim.detections()) == 5
