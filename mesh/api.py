@@ -13,6 +13,10 @@
     GET  /api/v1/clients/{client_id}        one client: connection, session, subscriptions
     DELETE /api/v1/sessions/{client_id}     end a session wherever it is
     GET  /api/v1/subscriptions    subscriptions, cluster-wide (?topic= who gets that topic)
+    GET  /api/v1/bridges          every bridge on this node: config, status, metrics
+    POST /api/v1/bridges          a bridge's table: add or replace it on every node
+    GET  /api/v1/bridges/{id}
+    DELETE /api/v1/bridges/{id}   remove it on every node
     GET  /metrics
 
 The cluster-wide answers (`mesh.inventory`) name the members that did not answer in
@@ -105,9 +109,11 @@ def _missing(missing: list[Missing]) -> list[dict[str, str]]:
 
 def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], uptime: Callable[[], float],
                  security: ApiSecurity, broker: ApiBroker, gossip: ApiMembers, partitions: ApiPartitions,
-                 cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics, inventory: ApiInventory) -> Router:
+                 cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics, inventory: ApiInventory,
+                 extra_routes: Sequence[tuple[str, str, Handler]] = ()) -> Router:
     """The API's routes; `ports` fills in as the node's listeners bind, `/metrics`
-    renders `metrics`."""
+    renders `metrics`. `extra_routes` are (method, path, handler) of other parts
+    (`mesh.bridging`), behind the same token check."""
     router = Router()
 
     def add(method: str, path: str, handler: Handler) -> None:
@@ -232,4 +238,6 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
     add("DELETE", "/api/v1/sessions/{client_id}", discard)
     add("GET", "/api/v1/subscriptions", subscriptions)
     add("GET", "/metrics", prometheus)
+    for method, path, handler in extra_routes:
+        add(method, path, handler)
     return router

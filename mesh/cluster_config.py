@@ -11,7 +11,7 @@ of arrival converges to one value per key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from mesh.config import SETTINGS_BY_NAME, ConfigError
 from clock.hlc import HlcTimestamp, HybridLogicalClock
@@ -27,6 +27,37 @@ CLUSTER_KEYS: tuple[str, ...] = (
     "log_level",
     "acl",  # the ACL file's TOML text, enforced by every node instead of its acl_file
 )
+
+
+# Keyed families: one register per item, `<family>/<item id>`, whose value is the item's
+# JSON text, or "" once it is deleted (a tombstone, so a deletion wins like a change).
+# Each family's parser checks the JSON as the node would at start, raising ConfigError.
+def _check_bridge(item_id: str, text: str) -> None:
+    import json
+
+    from bridges.config import BridgeConfigError, parse_bridge
+
+    try:
+        table = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"bridge/{item_id}", f"not JSON: {exc}") from None
+    try:
+        config = parse_bridge(table)
+    except BridgeConfigError as exc:
+        raise ConfigError(f"bridge/{item_id}", str(exc)) from None
+    if config.id != item_id:
+        raise ConfigError(f"bridge/{item_id}", f"the table's id is {config.id!r}")
+
+
+CLUSTER_FAMILIES: dict[str, Callable[[str, str], None]] = {"bridge": _check_bridge}
+
+
+def family_of(key: str) -> tuple[str, str] | None:
+    """(family, item id) for a keyed family's register key, else None."""
+    family, sep, item = key.partition("/")
+    if sep and item and family in CLUSTER_FAMILIES:
+        return family, item
+    return None
 
 
 # What a cluster setting holds: a parsed number or flag, a log level, the ACL's TOML.
@@ -52,7 +83,7 @@ class Register:
         if not isinstance(data, (list, tuple)) or len(data) != 3:
             raise ValueError(f"a config register is [key, value, stamp], not {data!r}")
         key, value, stamp = data
-        if not isinstance(key, str) or key not in CLUSTER_KEYS:
+        if not isinstance(key, str) or (key not in CLUSTER_KEYS and family_of(key) is None):
             raise ValueError(f"unknown cluster setting {key!r}")
         # Values from peers go through the same validation as local ones.
         return cls(key, parse_value(key, value), HlcTimestamp.from_wire(stamp))
@@ -63,6 +94,13 @@ class Register:
 
 
 def parse_value(key: str, raw: object) -> ClusterValue:
+    family = family_of(key)
+    if family is not None:
+        if not isinstance(raw, str):
+            raise ConfigError(key, "expected the item's JSON text, or \"\" to delete it")
+        if raw:
+            CLUSTER_FAMILIES[family[0]](family[1], raw)
+        return raw
     if key not in CLUSTER_KEYS:
         allowed = ", ".join(CLUSTER_KEYS)
         raise ConfigError(key, f"not a cluster setting (cluster settings: {allowed})")

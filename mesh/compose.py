@@ -12,6 +12,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     mesh port              the route table and links, shared by broker and cluster
     hooks                  the chains at each point of a client's and a message's life
     broker                 sessions, subscriptions, retained messages, wills
+    bridges                MQTT and HTTP targets behind durable cache queues (egress at message.publish)
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
     $SYS publisher         the broker's numbers as retained topics
@@ -36,6 +37,7 @@ from gossip.trace import NullTraceWriter, TraceWriter
 from gossip.transport import StreamTls, Transport
 from hooks import Hooks
 from mesh.api import build_router
+from mesh.bridging import add_bridge_metrics, bridge_configs, bridge_routes, build_bridges, configure_families
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
 from mesh.config_sync import ConfigSync
@@ -75,6 +77,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     clock = clock if clock is not None else TrioClock()
     rng = rng if rng is not None else random.Random()
     node_id = node_id or resolve_node_id(settings)
+    bridge_tables = bridge_configs(settings)  # refused (naming the key) before anything is opened
 
     # Lost members are retried for reconnect_dead_for; partitions are judged from the
     # same gossip settings.
@@ -123,6 +126,8 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
                     on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks)
     broker.restore(recovered, started_at)
+    bridges = build_bridges(settings, bridge_tables, node_id=node_id, clock=clock, rng=_child(rng), broker=broker,
+                            hooks=hooks, in_memory=open_store is not None, run_write=run_write)
     cluster = Cluster(
         node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,
         cluster_name=settings.cluster_name, clock=clock, rng=_child(rng),
@@ -131,7 +136,8 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     )
     # Config sync lives through its gossip handlers; the API reads and changes it.
     config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,
-                             recovered_meta=recovered.meta, security=security)
+                             recovered_meta=recovered.meta, security=security,
+                             families=configure_families(bridges))
 
     def uptime() -> float:
         return clock.wall() - started_at
@@ -141,18 +147,20 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     ports: dict[str, int] = {}  # filled in by Node.serve as each listener binds
     metrics = node_metrics(broker=broker, store=store, gossip=gossip, partitions=partitions, cluster=cluster,
                            security=security, uptime=uptime)
+    add_bridge_metrics(metrics, bridges)
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
     queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
     inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
     api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
                        broker=broker, gossip=gossip, partitions=partitions, cluster=cluster,
-                       config_sync=config_sync, metrics=metrics, inventory=inventory)
+                       config_sync=config_sync, metrics=metrics, inventory=inventory,
+                       extra_routes=bridge_routes(bridges, config_sync))
 
     return Node(
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api, run_write=run_write,
+        ports=ports, api=api, run_write=run_write, services=(bridges,),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import json
 import math
 import os
 import re
@@ -320,6 +321,35 @@ class AddrList(Kind):
         return ",".join(str(v) for v in value) if value else "none"
 
 
+@dataclass(frozen=True)
+class Tables(Kind):
+    """An array of TOML tables (`[[bridges]]`), or the same as JSON text in a flag or
+    environment variable. Each table is checked by the part that owns it (at build
+    time, naming `<setting>[<index>].<key>`); here only its shape."""
+
+    metavar: str = "JSON"
+    expected: str = "an array of tables ([[name]] in TOML, a JSON list of objects elsewhere)"
+    secret_keys: tuple[str, ...] = ("password",)
+
+    def parse(self, key: str, raw: object) -> object:
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw) if raw.strip() else []
+            except ValueError as exc:
+                raise ConfigError(key, f"not JSON: {exc} (expected {self.expected})") from None
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(t, Mapping) for t in raw):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        return tuple(dict(t) for t in raw)
+
+    def plain(self, value: object, *, redact: bool = True) -> list[dict[str, object]]:
+        assert isinstance(value, tuple)
+        return [{k: ("***" if redact and k in self.secret_keys and v is not None else v) for k, v in t.items()}
+                for t in value]
+
+    def render(self, value: object) -> str:
+        return json.dumps(self.plain(value)) if value else "none"
+
+
 T = TypeVar("T")
 
 
@@ -419,6 +449,8 @@ class Settings:
     publish_rate: float = _setting(0.0, Float(0.0, unit="per second", metavar="PER_SECOND"), "PUBLISH packets per second per client, 0 = unlimited; over it the client is slowed (back-pressure)")
     connection_rate: float = _setting(0.0, Float(0.0, unit="per second", metavar="PER_SECOND"), "new connections per second per IP address, 0 = unlimited; more get CONNACK 0x9F")
     memory_limit: int = _setting(0, Int(0, None, "bytes", metavar="BYTES"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
+    # -- bridges (README "Bridges") --
+    bridges: tuple[Mapping[str, object], ...] = _setting((), Tables(), "bridges to other MQTT brokers and HTTP services ([[bridges]] tables: id, type, url, egress, ingress, queue_max_bytes, ...; README \"Bridges\")")
 
     # Where each value came from (`load_settings` fills it in); not a setting itself.
     origins: Mapping[str, Origin] = field(default_factory=dict, compare=False, repr=False)
@@ -438,6 +470,8 @@ class Settings:
             value = getattr(self, s.name)
             if s.secret and redact:
                 out[s.name] = None if value is None else "***"
+            elif isinstance(s.kind, Tables):
+                out[s.name] = s.kind.plain(value, redact=redact)
             elif isinstance(value, HostPort):
                 out[s.name] = str(value)
             elif isinstance(value, tuple):
@@ -500,7 +534,8 @@ def _toml_values(path: str) -> dict[str, object]:
         name = raw_key.replace("-", "_")
         if name not in SETTINGS_BY_NAME:
             raise ConfigError(raw_key, f"unknown setting in {path}")
-        if isinstance(value, dict):
+        if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)
+                                       and not isinstance(SETTINGS_BY_NAME[name].kind, Tables)):
             raise ConfigError(raw_key, f"expected a flat key = value in {path}, not a table")
         out[name] = value
     return out

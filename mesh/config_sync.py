@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from clock import Clock
 from mesh.broker import BrokerLimits
-from mesh.cluster_config import ClusterConfig, Register
+from mesh.cluster_config import ClusterConfig, Register, family_of
 from mesh.config import SETTINGS, SETTINGS_BY_NAME, ConfigError, Settings
 from oplog import Event, log_event
 
@@ -88,7 +88,8 @@ class AclHolder(Protocol):
 
 class ConfigSync:
     def __init__(self, *, node_id: str, clock: Clock, broker: LimitsHolder, gossip: ConfigGossip, store: MetaStore,
-                 trace: Tracer, recovered_meta: Mapping[str, object], security: AclHolder) -> None:
+                 trace: Tracer, recovered_meta: Mapping[str, object], security: AclHolder,
+                 families: Mapping[str, Callable[[str, str], None]] | None = None) -> None:
         self.node_id = node_id
         self.clock = clock
         self.security = security
@@ -96,6 +97,8 @@ class ConfigSync:
         self.store = store
         self.trace = trace
         self.gossip = gossip
+        # Who applies a keyed family's registers (`bridge/<id>` -> the bridges): (item id, JSON or "").
+        self.families = dict(families or {})
         self.config = ClusterConfig(node_id)
         self.malformed = 0
         for name, value in recovered_meta.items():
@@ -160,12 +163,19 @@ class ConfigSync:
         self._apply(register)
         value = register.value
         shown = f"{len(value)} bytes of TOML" if register.key == "acl" and isinstance(value, str) else value
+        if family_of(register.key) is not None and isinstance(value, str):
+            shown = f"{len(value)} bytes of JSON" if value else "deleted"
         log_event(log, Event.CONFIG_APPLIED, key=register.key, value=shown if isinstance(shown, (str, int, float, bool)) else repr(shown),
                   origin=register.origin, hlc=str(stamp))
 
     def _apply(self, register: Register) -> None:
         key, value = register.key, register.value
-        if key == "acl":
+        family = family_of(key)
+        if family is not None:
+            apply = self.families.get(family[0])
+            if apply is not None:
+                apply(family[1], str(value))
+        elif key == "acl":
             assert isinstance(value, str)  # parse_value checked it
             self.security.set_cluster_acl(value)
         elif key == "log_level":

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import socket
-from typing import Awaitable, Callable, Protocol, TypeVar, cast
+from typing import Awaitable, Callable, Protocol, Sequence, TypeVar, cast
 
 import outcome
 import trio
@@ -124,6 +124,7 @@ class Node:
         ports: dict[str, int],
         api: Router,
         run_write: WriteRunner | None = None,
+        services: Sequence[Runnable] = (),
     ) -> None:
         self.settings = settings
         self.node_id = node_id
@@ -142,6 +143,7 @@ class Node:
         self.ports = ports  # filled in as the listeners bind (the API shows them)
         self.api = api
         self._run_write: WriteRunner = run_write if run_write is not None else _in_worker_thread
+        self.services = tuple(services)  # more parts' tasks (the bridges), run beside the others
         self._shutdown = trio.Event()
         self._connections: trio.Nursery | None = None  # set by serve(): every client task runs here
         self._lot: ParkingLot | None = None  # set by serve(): idle plain-TCP clients wait here
@@ -183,6 +185,8 @@ class Node:
                 services.start_soon(self.security.watch_files)
                 services.start_soon(self._commit_loop)
                 services.start_soon(self.sys.run)
+                for service in self.services:
+                    services.start_soon(service.run)
                 log.info(
                     "node %s (meshd %s) listening: %s",
                     self.node_id, __version__,

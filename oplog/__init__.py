@@ -46,6 +46,8 @@ class Event(StrEnum):
     PARTITION_HEALED = "partition.healed"
     HELD_REPLAYED = "held.replayed"
     CONFIG_APPLIED = "config.applied"
+    BRIDGE_CONNECTED = "bridge.connected"
+    BRIDGE_DISCONNECTED = "bridge.disconnected"
 
 
 FieldValue = str | int | float | bool | None | list[str] | tuple[str, ...] | frozenset[str]
