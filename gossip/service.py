@@ -116,6 +116,10 @@ class GossipService:
         """[{"id","address","state","incarnation","last_change_ts_us"}] as this node sees them."""
         return self.swim.members_view() if self.swim is not None else []
 
+    def contact_ages(self) -> dict[str, float]:
+        """{member: seconds since its last datagram reached this node}."""
+        return self.swim.contact_ages(self.clock.now()) if self.swim is not None else {}
+
     def broadcast(self, kind: str, key: str, payload: object) -> None:
         """Disseminate ``payload``; a newer broadcast with the same (kind, key) replaces it."""
         if self.swim is None:

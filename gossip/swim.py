@@ -228,6 +228,8 @@ class Swim:
         self.seeds: list[Addr] = []
 
         self.members: dict[str, Member] = {}
+        # `now` of the last datagram each member sent us (the dashboard's "last contact")
+        self.last_heard: dict[str, float] = {}
         self._others: list[str] = []  # ids except ours, for random picks
         self._others_index: dict[str, int] = {}
         self._probe_list: list[str] = []
@@ -396,6 +398,11 @@ class Swim:
             for m in sorted(self.members.values(), key=lambda m: m.id)
         ]
 
+    def contact_ages(self, now: float) -> dict[str, float]:
+        """Seconds since each member's last datagram reached us (members never heard
+        from directly are absent)."""
+        return {m: round(now - t, 3) for m, t in self.last_heard.items() if m in self.members}
+
     def num_members(self) -> int:
         return len(self.members)
 
@@ -416,6 +423,7 @@ class Swim:
         except wire.MalformedPacket as exc:
             self.count_malformed(exc, addr)
             return
+        self.last_heard[sender] = now
         receivers = _RECEIVERS
         for raw in msgs:
             receiver = receivers.get(raw[0])

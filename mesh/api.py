@@ -1,11 +1,17 @@
 """The node's HTTP API (JSON) and `/metrics` (Prometheus text).
 
     GET  /api/v1/status           node id, version, uptime, clients, listeners
-    GET  /api/v1/members          the gossip member list
-    GET  /api/v1/cluster          members, current partitions, unreachable members, history
-    GET  /api/v1/routes           the cluster route table (filter -> nodes)
+    GET  /api/v1/members          the gossip member list (with `last_contact_s`: seconds since
+                                  the member's last datagram reached this node)
+    GET  /api/v1/cluster          members, current partitions, unreachable members, history,
+                                  `held`: messages held per unreachable member
+    GET  /api/v1/routes           the cluster route table (filter -> nodes) and `versions`:
+                                  the route-table epoch and version held per origin
+    GET  /api/v1/node             this node: clients, sessions, subscriptions, inflight, queued,
+                                  counters, RocksDB size on disk, rates over the last 10 minutes
     GET  /api/v1/config           every setting: value in effect, source (default, file, env,
-                                  flag, or cluster with its origin node and HLC)
+                                  flag, or cluster with its origin node and HLC), and
+                                  `cluster_keys`: the settings PUT may change cluster-wide
     GET  /api/v1/config/{key}
     PUT  /api/v1/config/{key}     {"value": ...}: change a cluster-wide setting
     POST /api/v1/clients/{client_id}/kick   disconnect a client wherever it is connected (v5: 0x98)
@@ -18,6 +24,8 @@
     GET  /api/v1/bridges/{id}
     DELETE /api/v1/bridges/{id}   remove it on every node
     GET  /metrics
+    GET  /                        the dashboard (mesh/web/, `mesh.dashboard`: static files, no data; every
+                                  page reads the endpoints above with the token, if one is set)
 
 The cluster-wide answers (`mesh.inventory`) name the members that did not answer in
 `missing`.
@@ -32,9 +40,10 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, Sized
 
 from gossip.swim import MemberInfo
 from mesh import __version__
-from mesh.cluster_config import Register
+from mesh.cluster_config import CLUSTER_KEYS, Register
 from mesh.config import ConfigError, Settings
 from mesh.config_sync import register_entry, setting_in_effect, settings_in_effect
+from mesh.dashboard import add_dashboard_routes
 from mesh.http_api import HttpError, Request, Response, Router, error_response, json_response
 from mesh.inventory import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, ClientFilter, Missing, Page
 from mesh.metrics import CONTENT_TYPE, Metrics
@@ -56,6 +65,7 @@ class ApiBroker(Protocol):
 
 class ApiMembers(Protocol):
     def members(self) -> list[MemberInfo]: ...
+    def contact_ages(self) -> dict[str, float]: ...
 
 
 class ApiPartitions(Protocol):
@@ -64,6 +74,12 @@ class ApiPartitions(Protocol):
 
 class ApiRoutes(Protocol):
     def routes(self) -> Sequence[Mapping[str, object]]: ...
+    def route_versions(self) -> Mapping[str, Mapping[str, int]]: ...
+    def held_counts(self) -> Mapping[str, int]: ...
+
+
+class ApiNodeStats(Protocol):
+    async def snapshot(self) -> dict[str, object]: ...
 
 
 class ApiConfig(Protocol):
@@ -110,7 +126,7 @@ def _missing(missing: list[Missing]) -> list[dict[str, str]]:
 def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], uptime: Callable[[], float],
                  security: ApiSecurity, broker: ApiBroker, gossip: ApiMembers, partitions: ApiPartitions,
                  cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics, inventory: ApiInventory,
-                 extra_routes: Sequence[tuple[str, str, Handler]] = ()) -> Router:
+                 node_stats: ApiNodeStats, extra_routes: Sequence[tuple[str, str, Handler]] = ()) -> Router:
     """The API's routes; `ports` fills in as the node's listeners bind, `/metrics`
     renders `metrics`. `extra_routes` are (method, path, handler) of other parts
     (`mesh.bridging`), behind the same token check."""
@@ -147,17 +163,27 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
             "listeners": listeners,
         })
 
+    def members_with_contact() -> list[dict[str, object]]:
+        ages = gossip.contact_ages()
+        return [{**m, "last_contact_s": ages.get(m["id"])} for m in gossip.members()]
+
     async def members(request: Request) -> Response:
-        return json_response({"node_id": node_id, "members": gossip.members()})
+        return json_response({"node_id": node_id, "members": members_with_contact()})
 
     async def cluster_state(request: Request) -> Response:
-        return json_response(partitions.snapshot())
+        return json_response({**partitions.snapshot(), "members": members_with_contact(),
+                              "held": cluster.held_counts()})
 
     async def routes(request: Request) -> Response:
-        return json_response({"node_id": node_id, "routes": cluster.routes()})
+        return json_response({"node_id": node_id, "routes": cluster.routes(), "versions": cluster.route_versions()})
+
+    async def node(request: Request) -> Response:
+        return json_response({"node_id": node_id, **(await node_stats.snapshot())})
 
     async def config_list(request: Request) -> Response:
-        return json_response({"node_id": node_id, "config": settings_in_effect(settings, config_sync.registers())})
+        # `cluster_keys`: what PUT may change cluster-wide (the dashboard's edit boxes)
+        return json_response({"node_id": node_id, "config": settings_in_effect(settings, config_sync.registers()),
+                              "cluster_keys": list(CLUSTER_KEYS)})
 
     async def config_get(request: Request) -> Response:
         key = request.path_params["key"]
@@ -229,6 +255,7 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
     add("GET", "/api/v1/members", members)
     add("GET", "/api/v1/cluster", cluster_state)
     add("GET", "/api/v1/routes", routes)
+    add("GET", "/api/v1/node", node)
     add("GET", "/api/v1/config", config_list)
     add("GET", "/api/v1/config/{key}", config_get)
     add("PUT", "/api/v1/config/{key}", config_put)
@@ -240,4 +267,8 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
     add("GET", "/metrics", prometheus)
     for method, path, handler in extra_routes:
         add(method, path, handler)
+    # The dashboard's files carry no data and no secret: served without the token, so
+    # that the page can ask for it (its login form); everything it shows comes from the
+    # guarded endpoints above.
+    add_dashboard_routes(router)
     return router

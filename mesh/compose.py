@@ -45,6 +45,7 @@ from mesh.doorbell import Doorbell
 from mesh.inventory import Inventory
 from mesh.node import Node, WriteRunner
 from mesh.node_metrics import node_metrics
+from mesh.node_stats import NodeStats, RateHistory
 from mesh.security import Security
 from mesh.sys_topics import SysPublisher
 from mesh.tls import TlsConfigError, cluster_contexts
@@ -151,16 +152,19 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
     queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
     inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
+    history = RateHistory(broker=broker, store=store, clock=clock)  # the dashboard's last ten minutes
     api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
                        broker=broker, gossip=gossip, partitions=partitions, cluster=cluster,
                        config_sync=config_sync, metrics=metrics, inventory=inventory,
+                       node_stats=NodeStats(broker=broker, store=store, history=history,
+                                            store_dir=os.path.join(settings.data_dir, "sessions")),
                        extra_routes=bridge_routes(bridges, config_sync))
 
     return Node(
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api, run_write=run_write, services=(bridges,),
+        ports=ports, api=api, run_write=run_write, services=(bridges, history),
     )
 
 

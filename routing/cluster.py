@@ -558,6 +558,15 @@ class Cluster:
     def routes(self) -> list[dict[str, object]]:
         return [{"filter": f, "nodes": sorted(n)} for f, n in sorted(self.table.routes().items())]
 
+    def route_versions(self) -> dict[str, dict[str, int]]:
+        """{origin: {"epoch", "version"}}: how far this node's copy of each origin's
+        routes has come (equal on two nodes once route sync has converged)."""
+        return {origin: {"epoch": d.epoch, "version": d.version} for origin, d in sorted(self.table.digest().items())}
+
+    def held_counts(self) -> dict[str, int]:
+        """{unreachable member: messages held for it}."""
+        return self.held.counts()
+
 
 def _chunks(delta: RouteDelta) -> list[RouteDelta]:
     """Split a delta so each broadcast stays well under a gossip packet."""

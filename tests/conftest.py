@@ -33,8 +33,9 @@ def node(node_factory: Callable[..., RunningNode]) -> RunningNode:
 # The suite runs on two pytest-xdist workers (scripts/test). Tests that share something
 # the machine has only once run on one worker, one after another: the network
 # namespace labs (fixed namespace names), mDNS on the host's LAN interface, and Spark
-# (one JVM, started once, instead of one per worker).
-_SERIAL_GROUPS = {"netns": "netns", "spark": "spark"}
+# (one JVM, started once, instead of one per worker), and headless Chromium (one
+# browser at a time next to the real meshd processes it looks at).
+_SERIAL_GROUPS = {"netns": "netns", "spark": "spark", "browser": "browser"}
 _SERIAL_MODULES = {"test_mdns": "mdns", "test_mdns_port": "mdns"}
 
 

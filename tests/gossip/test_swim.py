@@ -790,3 +790,10 @@ def test_sweep_helpers_come_from_members_that_answered_so_a_small_side_still_get
     c.run_until(c.now + 1.05)
     assert {f for f in swept if c.state("a", f) == SUSPECT} == swept
     assert all(c.state("a", n) == ALIVE for n in near)
+
+
+def test_contact_ages_say_how_long_ago_each_member_last_sent_us_a_datagram() -> None:
+    sw = lone()
+    feed(sw, alive("c", 1), now=1.0, sender="c")
+    feed(sw, alive("b", 1), now=2.0, sender="b")
+    assert sw.contact_ages(4.5) == {"b": 2.5, "c": 3.5}  # d never sent us anything
