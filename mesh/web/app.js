@@ -82,6 +82,7 @@ async function show() {
   for (const a of $("nav").children) a.classList.toggle("current", a.id === `nav-${page.id}`);
   const root = $("page");
   replace(root);
+  $("status-line").textContent = "";
   root.dataset.page = page.id;
   current = { page, handle: page.render(root, api) || {} };
   if (current.handle.refresh) {

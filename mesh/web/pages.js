@@ -232,6 +232,47 @@ function websocketPage(root, api) {
   return { stop: () => client && client.disconnect() };
 }
 
+// -- Features with a list endpoint (rules, bridges, ...): list and inspect -----------
+
+// The rows of a list answer: its `data` (the paged lists), else its first array.
+function rowsOf(answer) {
+  if (Array.isArray(answer)) return answer;
+  if (Array.isArray(answer.data)) return answer.data;
+  return Object.values(answer).find(Array.isArray) || [];
+}
+
+// A cell of the list: objects as JSON, cut short (the whole item is one click away).
+function cellText(v) {
+  const text = v !== null && typeof v === "object" ? JSON.stringify(v) : String(v ?? "—");
+  return text.length > 60 ? `${text.slice(0, 57)}…` : text;
+}
+
+// `path` lists the items; `path/ID` inspects one (ID: the row's `id` or `name`).
+function featurePage(title, path) {
+  return (root, api) => {
+    const list = h("div", { id: "feature-list" }), detail = h("div", { id: "feature-detail" });
+    let selected = null;
+    const inspect = async () => {
+      const item = await api("GET", `${path}/${enc(selected)}`).catch((err) => ({ error: err.message }));
+      replace(detail, h("h2", {}, String(selected)), h("pre", {}, JSON.stringify(item, null, 2)));
+    };
+    root.append(h("h1", {}, title), list, detail);
+    return {
+      async refresh() {
+        const rows = rowsOf(await api("GET", path));
+        const columns = [...new Set(rows.flatMap((r) => Object.keys(r)))].slice(0, 8);
+        replace(list, rows.length ? table(columns, rows.map((r) => columns.map((c, i) => {
+          const key = r.id ?? r.name;
+          return i === 0 && key !== undefined
+            ? h("a", { href: location.hash, onclick: (e) => { e.preventDefault(); selected = key; inspect(); } }, cellText(r[c]))
+            : cellText(r[c]);
+        })), { id: "features" }) : h("p", { class: "muted" }, "none"));
+        if (selected !== null) await inspect();
+      },
+    };
+  };
+}
+
 export const PAGES = [
   { id: "cluster", title: "Cluster", render: clusterPage },
   { id: "node", title: "Node", render: nodePage },
@@ -239,4 +280,5 @@ export const PAGES = [
   { id: "routes", title: "Routes", render: routesPage },
   { id: "config", title: "Config", render: configPage },
   { id: "websocket", title: "WebSocket client", render: websocketPage },
+  { id: "bridges", title: "Bridges", render: featurePage("Bridges", "/api/v1/bridges") },
 ];

@@ -206,6 +206,19 @@ def test_the_websocket_panel_publishes_to_paho_and_receives_from_paho(cluster, b
     assert console_errors(browser) == []
 
 
+def test_the_bridges_page_lists_a_bridge_and_inspects_it(cluster, browser, screens):
+    bridge = {"id": "to-n1", "type": "mqtt", "url": f"mqtt://127.0.0.1:{cluster[1].port}", "egress": ["plant/#"]}
+    status, body = request_json(cluster[0].http_addr, "POST", "/api/v1/bridges", bridge)
+    assert status == 201, body
+    open_page(browser, cluster[0], "bridges")
+    wait_until(browser, lambda: any(row[0] == "to-n1" for row in cells(browser, "features")), "the bridge listed")
+    wait_until(browser, lambda: click(browser, By.LINK_TEXT, "to-n1"), "a click on the bridge")
+    wait_until(browser, lambda: f'"url": "mqtt://127.0.0.1:{cluster[1].port}"' in text(browser, "feature-detail"),
+               "the bridge inspected")
+    browser.save_screenshot(str(screens / "bridges.png"))
+    assert request_json(cluster[0].http_addr, "DELETE", "/api/v1/bridges/to-n1")[0] == 200
+
+
 def test_with_a_token_only_the_login_form_shows_until_the_token_is_given(browser, screens, tmp_path):
     with MeshdProcess(str(tmp_path / "locked"), "--api-token", TOKEN, http=True, node_id="locked") as node:
         browser.get(f"http://{node.http_addr}/")
