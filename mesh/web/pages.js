@@ -34,10 +34,19 @@ function clusterPage(root, api) {
         ? `Partitioned${c.minority ? " — this node is in the minority" : ""}: ${c.partitions.length} partition(s), unreachable: ${c.unreachable.join(", ")}`
         : "No partition: every member that did not leave is reachable.";
       replace(partitions, h("p", { id: "partition-summary" }, summary),
-        c.partitions.length ? h("pre", {}, JSON.stringify(c.partitions, null, 2)) : null,
+        c.partitions.length ? table(["Partition", "Since", "This side", "Other side", "Side", "Returned"],
+          c.partitions.map((p) => [p.id, when(p.onset_ts_us / 1e6), p.local.join(", "), p.remote.join(", "),
+                                   p.majority ? "majority" : "minority", p.returned.join(", ") || "—"]),
+          { id: "partitions" }) : null,
         h("p", { class: "muted" }, `detected ${c.detected_total}, healed ${c.healed_total}`));
       replace(history, c.history.length
-        ? table(["Event"], c.history.slice().reverse().map((e) => [JSON.stringify(e)]))
+        ? table(["When", "Event", "Partition", "Other side", "Details"], c.history.slice().reverse().map((e) => [
+          when(e.ts_us / 1e6), e.event.replace("partition_", ""), e.id, e.peers.join(", "),
+          e.event === "partition_healed"
+            ? `healed in ${e.heal_s} s after ${e.duration_s} s${e.missing.length ? `; still missing ${e.missing.join(", ")}` : ""}`
+            : `detected in ${e.detection_s} s; this side ${e.local.join(", ")} (${e.majority ? "majority" : "minority"})` +
+              (e.revision ? `, revision ${e.revision}` : ""),
+        ]), { id: "partition-history" })
         : h("p", { class: "muted" }, "none since this node started"));
     },
   };

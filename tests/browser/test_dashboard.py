@@ -256,4 +256,9 @@ def test_a_killed_node_shows_suspect_then_dead_within_the_detection_time(cluster
     wait_until(browser, lambda: member_states(browser).get("n2") == "dead", "n2 dead", timeout=detection)
     assert time.monotonic() - killed < detection
     assert member_states(browser) == {"n0": "alive", "n1": "alive", "n2": "dead"}
+    # n0 and n1 lost n2: a partition, current and in the history, n2 on the other side
+    wait_until(browser, lambda: [row[2:5] for row in cells(browser, "partitions")] == [["n0, n1", "n2", "majority"]],
+               "the partition")
+    wait_until(browser, lambda: [row[1:4] for row in cells(browser, "partition-history")] == [["detected", "n0/1", "n2"]],
+               "the partition's history")
     browser.save_screenshot(str(screens / "cluster-dead.png"))
