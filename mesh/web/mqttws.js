@@ -44,7 +44,7 @@ function subscribePacket(id, topicFilter, qos) {
   return packet((TYPE.SUBSCRIBE << 4) | 0x02, [...u16(id), ...utf8(topicFilter), qos]);
 }
 
-function publishPacket(id, topic, payload, qos, retain) {
+export function publishPacket(id, topic, payload, qos, retain) {
   const header = (TYPE.PUBLISH << 4) | (qos << 1) | (retain ? 1 : 0);
   return packet(header, [...utf8(topic), ...(qos > 0 ? u16(id) : []), ...payload]);
 }
@@ -53,7 +53,7 @@ function publishPacket(id, topic, payload, qos, retain) {
 
 // Splits a byte stream into packets: a WebSocket message may hold part of a packet
 // or several (MQTT over WebSocket, section 6).
-class PacketReader {
+export class PacketReader {
   constructor() { this.buffer = new Uint8Array(0); }
 
   push(bytes) {
@@ -78,7 +78,7 @@ class PacketReader {
   }
 }
 
-function readPublish(p) {
+export function readPublish(p) {
   const topicLength = (p.body[0] << 8) | p.body[1];
   const topic = decoder.decode(p.body.slice(2, 2 + topicLength));
   const qos = (p.flags >> 1) & 0x03;

@@ -219,6 +219,34 @@ def test_the_bridges_page_lists_a_bridge_and_inspects_it(cluster, browser, scree
     assert request_json(cluster[0].http_addr, "DELETE", "/api/v1/bridges/to-n1")[0] == 200
 
 
+# The panel's packet reader, fed a PUBLISH, a PUBACK and a PUBLISH with a two-byte
+# length split at every offset, gives back the same three packets each time.
+READER_SPLITS = """
+const done = arguments[arguments.length - 1];
+import("/ui/mqttws.js").then(({ PacketReader, publishPacket, readPublish }) => {
+  const bytes = (text) => new TextEncoder().encode(text);
+  const stream = new Uint8Array([...publishPacket(7, "a/b", bytes("hi"), 1, false), 0x40, 2, 0, 7,
+                                 ...publishPacket(0, "long", bytes("x".repeat(300)), 0, true)]);
+  const failures = [];
+  for (let cut = 0; cut <= stream.length; cut++) {
+    const reader = new PacketReader();
+    const packets = [...reader.push(stream.slice(0, cut)), ...reader.push(stream.slice(cut))];
+    const seen = packets.map((p) => (p.type === 3 ? { ...readPublish(p), payload: p.body.length } : { type: p.type }));
+    const ok = packets.length === 3 && seen[0].topic === "a/b" && seen[0].id === 7 && seen[0].qos === 1 &&
+               seen[1].type === 4 && seen[2].topic === "long" && seen[2].retain && readPublish(packets[2]).payload.length === 300;
+    if (!ok || reader.buffer.length) failures.push(cut);
+  }
+  done({ length: stream.length, failures });
+});
+"""
+
+
+def test_the_panels_packet_reader_takes_packets_split_at_every_offset(cluster, browser):
+    open_page(browser, cluster[0], "websocket")
+    result = browser.execute_async_script(READER_SPLITS)
+    assert result["length"] > 300 and result["failures"] == []
+
+
 def test_with_a_token_only_the_login_form_shows_until_the_token_is_given(browser, screens, tmp_path):
     with MeshdProcess(str(tmp_path / "locked"), "--api-token", TOKEN, http=True, node_id="locked") as node:
         browser.get(f"http://{node.http_addr}/")

@@ -5,13 +5,17 @@ in a real browser in tests/browser/."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import urllib.error
 import urllib.request
+from typing import Any
 
+import trio
+
+from clock import TrioClock
+from mesh.broker import BrokerStats
 from mesh.http_client import request_json
 from mesh.node_stats import RateHistory, Sample, rates
+from session_store.store import StoreStats
 from tests.support import Client, wait_for
 
 
@@ -103,3 +107,22 @@ def test_the_history_keeps_ten_minutes_of_samples():
         history.samples.append(sample(t * 5.0, t, t, t))
     assert len(history.rates()) == 120 and history.rates()[0]["t"] == 5.0 * 80
 
+
+
+async def test_the_history_samples_every_five_seconds_of_the_nodes_clock(autojump_clock):
+    class Broker:
+        stats = BrokerStats()
+
+    class Store:
+        stats = StoreStats()
+
+    broker = Broker()
+    history = RateHistory(broker=broker, store=Store(), clock=TrioClock(wall_epoch=0.0))  # wall time is virtual time
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(history.run)
+        await trio.sleep(1)
+        broker.stats.messages_in[1] += 50  # 50 messages in the first five seconds
+        await trio.sleep(11)
+        nursery.cancel_scope.cancel()
+    assert [s.t for s in history.samples] == [0.0, 5.0, 10.0]
+    assert [r["messages_in_per_s"] for r in history.rates()] == [10.0, 0.0]
