@@ -65,7 +65,12 @@ def alive_ids(node: MeshdProcess) -> set[str]:
 
 
 def open_page(browser, node: MeshdProcess, page: str) -> None:
-    browser.get(f"http://{node.http_addr}/#{page}")
+    """Load the page afresh (a get of the URL already shown only moves to its hash)."""
+    url = f"http://{node.http_addr}/#{page}"
+    if browser.current_url == url:
+        browser.refresh()
+    else:
+        browser.get(url)
     wait_until(browser, lambda: browser.find_element(By.ID, "page").get_attribute("data-page") == page, f"the {page} page")
 
 
@@ -123,6 +128,27 @@ def test_a_paho_client_shows_up_in_the_client_search_and_can_be_kicked(cluster, 
     rc, _props = paho.disconnects.get(timeout=10)  # the broker closed the connection
     assert int(getattr(rc, "value", rc)) == 0x98  # administrative action
     paho.c.loop_stop()
+
+
+def test_an_offline_session_is_found_with_its_queue_and_deleted(cluster, browser):
+    away = Client("paho-away", version=5, clean=False)
+    away.connect(cluster[2].port, expiry=600)
+    away.subscribe("queued/#", 1)
+    away.disconnect()
+    pub = Client("paho-feeder", version=5)
+    pub.connect(cluster[2].port)
+    for i in range(3):
+        pub.publish(f"queued/{i}", b"x", qos=1)
+    pub.disconnect()
+    open_page(browser, cluster[0], "clients")
+    browser.find_element(By.ID, "client-search").send_keys("paho-away")
+    wait_until(browser, lambda: click(browser, By.LINK_TEXT, "paho-away"), "a click on paho-away")
+    wait_until(browser, lambda: "Queue (3, dropped 0)" in text(browser, "client-detail"), "its queue")
+    assert [row[0] for row in cells(browser, "client-detail")] == ["queued/#", "queued/0", "queued/1", "queued/2"]
+    wait_until(browser, lambda: click(browser, By.ID, "delete-session"), "a click on Delete session")
+    wait_for(lambda: request_json(cluster[2].http_addr, "GET", "/api/v1/clients/paho-away")[0] == 404,
+             what="the session deleted on n2")
+    wait_until(browser, lambda: cells(browser, "clients") == [], "the search finds nothing")
 
 
 def test_the_node_page_shows_this_nodes_load_and_store(cluster, browser, screens):
