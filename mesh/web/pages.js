@@ -256,26 +256,27 @@ function cellText(v) {
   return text.length > 60 ? `${text.slice(0, 57)}…` : text;
 }
 
-// `path` lists the items; `path/ID` inspects one (ID: the row's `id` or `name`).
-function featurePage(title, path) {
+// `path` lists the items; a click on one inspects it: `path/KEY` when the API has an
+// endpoint for one item (`item`), else the row as listed. KEY: the row's `key` field.
+function featurePage(title, path, { key = "id", item = true } = {}) {
   return (root, api) => {
     const list = h("div", { id: "feature-list" }), detail = h("div", { id: "feature-detail" });
-    let selected = null;
+    let selected = null;  // the key of the row inspected
+    let rows = [];
     const inspect = async () => {
-      const item = await api("GET", `${path}/${enc(selected)}`).catch((err) => ({ error: err.message }));
-      replace(detail, h("h2", {}, String(selected)), h("pre", {}, JSON.stringify(item, null, 2)));
+      const shown = item
+        ? await api("GET", `${path}/${enc(selected)}`).catch((err) => ({ error: err.message }))
+        : rows.find((r) => r[key] === selected) || { error: `${selected}: gone` };
+      replace(detail, h("h2", {}, String(selected)), h("pre", {}, JSON.stringify(shown, null, 2)));
     };
     root.append(h("h1", {}, title), list, detail);
     return {
       async refresh() {
-        const rows = rowsOf(await api("GET", path));
-        const columns = [...new Set(rows.flatMap((r) => Object.keys(r)))].slice(0, 8);
-        replace(list, rows.length ? table(columns, rows.map((r) => columns.map((c, i) => {
-          const key = r.id ?? r.name;
-          return i === 0 && key !== undefined
-            ? h("a", { href: location.hash, onclick: (e) => { e.preventDefault(); selected = key; inspect(); } }, cellText(r[c]))
-            : cellText(r[c]);
-        })), { id: "features" }) : h("p", { class: "muted" }, "none"));
+        rows = rowsOf(await api("GET", path));
+        const columns = [key, ...new Set(rows.flatMap((r) => Object.keys(r)).filter((c) => c !== key))].slice(0, 8);
+        replace(list, rows.length ? table(columns, rows.map((r) => columns.map((c, i) => (i === 0
+          ? h("a", { href: location.hash, onclick: (e) => { e.preventDefault(); selected = r[key]; inspect(); } }, cellText(r[c]))
+          : cellText(r[c])))), { id: "features" }) : h("p", { class: "muted" }, "none"));
         if (selected !== null) await inspect();
       },
     };
