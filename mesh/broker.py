@@ -64,6 +64,17 @@ class Mesh(Protocol):
     async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str: ...
 
 
+class DelayedIntake(Protocol):
+    """Where `$delayed/<seconds>/<topic>` PUBLISHes go (`delayed.service.DelayedMessages`)."""
+
+    @property
+    def max_delay(self) -> int: ...
+
+    def accept(self, message: Message, delay: int, now: float) -> object: ...
+
+    def refused(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerLimits:
     """The settings the broker core reads (a subset of `mesh.config.Settings`)."""
@@ -131,10 +142,12 @@ class Broker:
     def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
                  clock: Clock | None = None, mesh: Mesh | None = None,
                  on_timer_change: Callable[[], None] | None = None, rng: random.Random | None = None,
-                 hooks: Hooks | None = None) -> None:
+                 hooks: Hooks | None = None, delayed: DelayedIntake | None = None) -> None:
         self.limits = limits or BrokerLimits()
         # The hook chains (`hooks/`): every point costs one empty-tuple test while unused.
         self.hooks = hooks if hooks is not None else Hooks()
+        # Delayed publish, read by the clients (None: `$delayed/...` is an ordinary topic).
+        self.delayed = delayed
         # Assigned client ids; random.Random() seeds itself from the OS (ids must not repeat across runs).
         self._rng = rng if rng is not None else random.Random()
         self.node_id = node_id
@@ -431,12 +444,15 @@ class Broker:
                 properties = replace(properties, topic_alias=None, subscription_identifiers=())
         return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids), self.node_id)
 
-    def publish(self, msg: Message, now: float, *, internal: bool = False, gate: AckGate | None = None) -> int:
+    def publish(self, msg: Message, now: float, *, internal: bool = False, gate: AckGate | None = None,
+                replay: bool = False) -> int:
         """Route a message published by a local client (or the node itself) to every
         matching session here and once to every other node with a matching route;
         return how many sessions here got it. `internal` messages ($SYS) are not
         counted, not stored and not forwarded. `gate` collects what the publisher's
-        acknowledgement must wait for (remote nodes' acks)."""
+        acknowledgement must wait for (remote nodes' acks). `replay`: the message may
+        have gone out once already (a delayed one fired again after a restart): the
+        nodes it is forwarded to drop a copy they took."""
         if not internal:
             self.stats.messages_in[msg.qos] += 1
         if msg.retain:
@@ -454,6 +470,9 @@ class Broker:
                 else:
                     target.keep_retained = True
         matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
+        if replay:
+            for target in remote.values():
+                target.replay = True
         held = mesh.forward(msg, remote, gate)  # a subscriber on an unreachable member still matched
         return matched + len(remote) + held
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from clock import Clock
+from delayed.topic import DelayedTopic, DelayedTopicRefused, is_delayed, parse_delayed
 from mesh.acl import ClientAcl
 from mesh.client_port import PublishCache
 from mesh.limits import TokenBucket
@@ -33,7 +34,7 @@ from routing.links import AckGate
 from session_store.model import NEVER_EXPIRES, Delivery, Message, Session
 
 if TYPE_CHECKING:
-    from mesh.broker import Broker, BrokerLimits
+    from mesh.broker import Broker, BrokerLimits, DelayedIntake
     from mesh.security import AuthResult, Security
 
 log = logging.getLogger("meshd.connection")
@@ -414,6 +415,10 @@ class Client:
         machine = self.machine
         qos = p.qos
         pid = p.packet_id or 0
+        delayed = broker.delayed
+        if delayed is not None and is_delayed(p.topic):
+            self._on_delayed_publish(p, delayed, now)
+            return False
         if p.topic.startswith(_RESERVED_TOPIC_PREFIXES):
             # $SYS/ is the server's own; $share/ names a shared subscription, never a
             # topic [MQTT-4.8.2]. Not delivered, counted; a v5 QoS 1/2 publisher is told
@@ -469,13 +474,52 @@ class Client:
             ack = machine.pubrec(pid, rc)
         self._send_ack(ack, epoch_before, gate if gate is not None and gate.waiting else None)
 
-    def _send_ack(self, ack: bytes, epoch_before: int, gate: AckGate | None = None) -> None:
+    def _on_delayed_publish(self, p: Publish, delayed: "DelayedIntake", now: float) -> None:
+        """`$delayed/<seconds>/<topic>`: checked as a PUBLISH to its target (ACL,
+        limits) at receipt, kept in the store and acknowledged once that is durable,
+        in every durability mode; published to the target when due (`delayed.service`)."""
+        machine = self.machine
+        qos = p.qos
+        pid = p.packet_id or 0
+        target: DelayedTopic | None = None
+        try:
+            target = parse_delayed(p.topic, delayed.max_delay)
+        except DelayedTopicRefused as exc:
+            delayed.refused()
+            log.info("%s: %s: delayed publish refused (reason 0x%02X): %s", self.peer, self.client_id,
+                     exc.reason_code, exc)
+            refusal: int | None = exc.reason_code
+        else:
+            refusal = self._publish_refusal(target.topic) if self.security is not None else None
+        if refusal is not None or target is None:
+            # v5 says why on QoS 1/2; v3 has no negative ack: the message is dropped.
+            if qos == 1:
+                self.write(machine.puback(pid, refusal or ReasonCode.UNSPECIFIED_ERROR))
+            elif qos == 2:
+                self.write(machine.pubrec(pid, refusal or ReasonCode.UNSPECIFIED_ERROR))
+            return
+        broker = self.broker
+        epoch_before = broker.store.write_epoch
+        msg = broker.make_message(target.topic, p.payload, qos, p.retain, p.properties, self.client_id, now)
+        delayed.accept(msg, target.delay, now)
+        if qos == 0:
+            return
+        if qos == 1:
+            ack = machine.puback(pid, ReasonCode.SUCCESS)
+        else:
+            assert self.session is not None
+            broker.qos2_received(self.session, pid)
+            ack = machine.pubrec(pid, ReasonCode.SUCCESS)
+        self._send_ack(ack, epoch_before, durable=True)
+
+    def _send_ack(self, ack: bytes, epoch_before: int, gate: AckGate | None = None, *, durable: bool = False) -> None:
         """Principle 6: acknowledge only once what the acknowledged packet wrote to the
-        store is synced (in `sync` durability). Acks leave in the order of the packets
-        they answer (MQTT-4.6.0-2), so once one waits, later ones queue behind it."""
+        store is synced (in `sync` durability; with `durable`, in every mode). Acks leave
+        in the order of the packets they answer (MQTT-4.6.0-2), so once one waits, later
+        ones queue behind it."""
         broker = self.broker
         store = broker.store
-        wait_for = store.write_epoch if broker.acks_wait_for_sync and store.write_epoch != epoch_before else 0
+        wait_for = store.write_epoch if (broker.acks_wait_for_sync or durable) and store.write_epoch != epoch_before else 0
         if self._pending_acks or wait_for > store.durable_epoch or gate is not None:
             if self._pending_acks is None:
                 self._pending_acks = deque()

@@ -5,6 +5,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     clock, rng             time and randomness, injected into everything below
     node id, security      who we are; who may connect and do what (and node-to-node TLS)
     store                  sessions on disk, recovered; this start's route epoch
+    delayed messages       `$delayed/...` publishes kept in the store until due
     trace                  the event trace (`meshd report`), when enabled
     partition view         netsplit verdicts: read by security and fed by the monitor
     gossip                 SWIM membership, broadcasts and push-pull
@@ -13,6 +14,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     hooks                  the chains at each point of a client's and a message's life
     broker                 sessions, subscriptions, retained messages, wills
     bridges                MQTT and HTTP targets behind durable cache queues (egress at message.publish)
+    delayed runner         publishes delayed messages through the broker when due
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
     $SYS publisher         the broker's numbers as retained topics
@@ -28,9 +30,10 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Callable
+from typing import Callable, Mapping
 
 from clock import Clock, TrioClock
+from delayed.service import DelayedMessages, DelayedRunner
 from gossip.config import preset as gossip_preset
 from gossip.service import GossipService
 from gossip.trace import NullTraceWriter, TraceWriter
@@ -41,6 +44,7 @@ from mesh.bridging import add_bridge_metrics, bridge_configs, bridge_routes, bui
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
 from mesh.config_sync import ConfigSync
+from mesh.delayed_ops import delayed_metrics, delayed_routes
 from mesh.doorbell import Doorbell
 from mesh.inventory import Inventory
 from mesh.node import Node, WriteRunner
@@ -95,6 +99,9 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     route_epoch = int(recovered.meta.get("route_epoch", 0)) + 1
     store.put_meta("route_epoch", route_epoch)
     started_at = clock.wall()
+    delayed_changed = Doorbell()
+    delayed = DelayedMessages(store=store, clock=clock, node_id=node_id, max_delay=settings.delayed_max_delay,
+                              on_change=delayed_changed.ring)
 
     trace: TraceWriter | NullTraceWriter = (
         TraceWriter(os.path.join(settings.data_dir, "traces"), node_id) if settings.trace else NullTraceWriter()
@@ -125,7 +132,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # Plugins, the rule engine and the bridges add their callbacks to these chains.
     hooks = Hooks()
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
-                    on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks)
+                    on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks, delayed=delayed)
     broker.restore(recovered, started_at)
     bridges = build_bridges(settings, bridge_tables, node_id=node_id, clock=clock, rng=_child(rng), broker=broker,
                             hooks=hooks, in_memory=open_store is not None, run_write=run_write)
@@ -135,6 +142,9 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
         held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
     )
+    delayed_runner = DelayedRunner(messages=delayed, publisher=broker, clock=clock, doorbell=delayed_changed,
+                                   routes_known=lambda: _routes_known(gossip.alive_members(), mesh.table.remote,
+                                                                      seeded=bool(settings.seed)))
     # Config sync lives through its gossip handlers; the API reads and changes it.
     config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,
                              recovered_meta=recovered.meta, security=security,
@@ -149,6 +159,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     metrics = node_metrics(broker=broker, store=store, gossip=gossip, partitions=partitions, cluster=cluster,
                            security=security, uptime=uptime)
     add_bridge_metrics(metrics, bridges)
+    delayed_metrics(metrics, delayed)
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
     queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
     inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
@@ -158,14 +169,22 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
                        config_sync=config_sync, metrics=metrics, inventory=inventory,
                        node_stats=NodeStats(broker=broker, store=store, history=history,
                                             store_dir=os.path.join(settings.data_dir, "sessions")),
-                       extra_routes=bridge_routes(bridges, config_sync))
+                       extra_routes=[*bridge_routes(bridges, config_sync), *delayed_routes(delayed)])
 
     return Node(
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api, run_write=run_write, services=(bridges, history),
+        ports=ports, api=api, run_write=run_write, services=(bridges, history, delayed_runner),
     )
+
+
+def _routes_known(peers: list[str], remote_routes: Mapping[str, object], *, seeded: bool) -> bool:
+    """Whether this node knows the routes of every member it sees (a restarted node
+    starts with none): delayed messages that fell due while it was down wait for it."""
+    if not peers:
+        return not seeded
+    return all(peer in remote_routes for peer in peers)
 
 
 def _open_rocks(settings: Settings, on_dirty: Callable[[], None]) -> SessionStore:

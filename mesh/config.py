@@ -448,6 +448,7 @@ class Settings:
     max_topic_levels: int = _setting(64, Int(1, 1024), "topic levels in a topic name or filter; deeper ones are refused")
     publish_rate: float = _setting(0.0, Float(0.0, unit="per second", metavar="PER_SECOND"), "PUBLISH packets per second per client, 0 = unlimited; over it the client is slowed (back-pressure)")
     connection_rate: float = _setting(0.0, Float(0.0, unit="per second", metavar="PER_SECOND"), "new connections per second per IP address, 0 = unlimited; more get CONNACK 0x9F")
+    delayed_max_delay: int = _setting(4294967, Int(0, 2**32 - 1, "seconds", metavar="SECONDS"), "longest delay a $delayed/<seconds>/<topic> PUBLISH may ask for; longer ones are refused (v5: 0x83)")
     memory_limit: int = _setting(0, Int(0, None, "bytes", metavar="BYTES"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
     # -- bridges (README "Bridges") --
     bridges: tuple[Mapping[str, object], ...] = _setting((), Tables(), "bridges to other MQTT brokers and HTTP services ([[bridges]] tables: id, type, url, egress, ingress, queue_max_bytes, ...; README \"Bridges\")")

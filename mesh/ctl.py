@@ -11,6 +11,9 @@
     meshd ctl config get KEY             one setting
     meshd ctl config set KEY VALUE       change a cluster-wide setting (every node applies it)
     meshd ctl config set acl @FILE       enforce an ACL file's rules on every node
+    meshd ctl delayed list [--limit N] [--after ID]   this node's pending delayed messages
+    meshd ctl delayed show ID            one pending delayed message
+    meshd ctl delayed cancel ID          cancel it
     meshd ctl routes                     the cluster route table as this node sees it
     meshd ctl cluster                    members, current partitions and partition history
 
@@ -135,6 +138,14 @@ def build_parser() -> Parser:
     command(config, "get", "one setting: its value in effect and its source").add_argument("key", metavar="KEY")
     command(config, "list", "every setting: its value in effect and its source")
 
+    delayed = command(sub, "delayed", "this node's pending delayed messages ($delayed/...)").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    delayed_list = command(delayed, "list", "pending delayed messages in due order")
+    delayed_list.add_argument("--limit", metavar="N", type=_limit, help="rows per page, 1..1000 (default 100)")
+    delayed_list.add_argument("--after", metavar="ID", help="the page after this id (printed under a full page)")
+    command(delayed, "show", "one pending delayed message").add_argument("id", metavar="ID")
+    command(delayed, "cancel", "cancel a pending delayed message").add_argument("id", metavar="ID")
+
     command(sub, "routes", "the cluster route table (filter -> nodes)")
     command(sub, "cluster", "members, current partitions (netsplits) and their history")
     return p
@@ -156,6 +167,10 @@ def _request(args: argparse.Namespace) -> Request:
         return Request("DELETE", f"/api/v1/sessions/{_path_id(args.client_id)}")
     if command == "subscriptions":
         return Request("GET", "/api/v1/subscriptions" + _query(args, _SUBS_QUERY))
+    if command == "delayed":
+        if action == "list":
+            return Request("GET", "/api/v1/delayed" + _query(args, ("limit", "after")))
+        return Request("GET" if action == "show" else "DELETE", f"/api/v1/delayed/{_path_id(args.id)}")
     if command == "config":
         if action == "set":
             return Request("PUT", f"/api/v1/config/{quote(args.key, safe='')}", {"value": args.value})
@@ -176,6 +191,9 @@ _TABLES: dict[tuple[str, str | None], Callable[[dict[str, Any]], str]] = {
     ("config", "set"): ctl_tables.format_config_entry,
     ("config", "get"): ctl_tables.format_config_entry,
     ("config", "list"): ctl_tables.format_config,
+    ("delayed", "list"): ctl_tables.format_delayed,
+    ("delayed", "show"): ctl_tables.format_delayed_one,
+    ("delayed", "cancel"): ctl_tables.format_delayed_one,
     ("routes", None): ctl_tables.format_routes,
     ("cluster", None): ctl_tables.format_cluster,
 }
@@ -194,7 +212,7 @@ def _read_at_file(args: argparse.Namespace) -> str | None:
 
 # A command with actions, given none, lists (`meshd ctl clients` is `meshd ctl clients list`).
 _ACTIONS = {"clients": {"list", "show", "kick"}, "sessions": {"list", "show", "delete"},
-            "subscriptions": {"list"}, "config": {"list", "get", "set"}}
+            "subscriptions": {"list"}, "config": {"list", "get", "set"}, "delayed": {"list", "show", "cancel"}}
 
 
 def _default_action(argv: list[str]) -> list[str]:

@@ -58,6 +58,8 @@ from .reason_codes import (
 )
 from .topics import SHARED_PREFIX, validate_topic_filter, validate_topic_name
 
+DELAYED_PREFIX = "$delayed/"  # delayed publish (the node's `delayed` package reads the rest)
+
 __all__ = ["Decoder"]
 
 # Which packet types each side may receive (MQTT 5 section 2.1.2, "Direction of flow").
@@ -286,7 +288,9 @@ class Decoder:
         else:
             props = EMPTY_PROPERTIES
         if topic:
-            if "+" in topic or "#" in topic:
+            # A delayed publish's target (`$delayed/<s>/<topic>`) with a wildcard goes up:
+            # the server refuses it with PUBACK/PUBREC 0x90 and keeps the connection.
+            if ("+" in topic or "#" in topic) and not (self._is_server and topic.startswith(DELAYED_PREFIX)):
                 raise TopicNameInvalid(f"PUBLISH topic {topic!r} contains a wildcard [MQTT-3.3.2-2]")
         elif level == 5:
             if props.topic_alias is None:

@@ -434,7 +434,7 @@ class Cluster:
             return held
         data = records.message_map(msg)
         for node, target in targets.items():
-            wire = forwarded_to_wire(data, target.plain, target.groups, target.keep_retained)
+            wire = forwarded_to_wire(data, target.plain, target.groups, target.keep_retained, target.replay)
             item = LinkItem(wire, msg.qos, gate if msg.qos else None)
             if item.gate is not None:
                 item.gate.waiting += 1

@@ -13,3 +13,6 @@ class ForwardTarget:
     plain: bool  # deliver to its plain subscribers
     groups: list[tuple[str, str]]  # (group, filter): shared groups it serves for this message
     keep_retained: bool  # keep the message as its topic's retained one
+    # Maybe sent once already (a delayed message fired again after a restart): the
+    # receiver drops a copy it took (`routing.wire.ForwardedItem.replay`).
+    replay: bool = False

@@ -22,6 +22,8 @@ qos2_in        client_id \\0 packet id (u16 BE)    1 (PUBREC sent, PUBREL awaite
 wills          client_id                          the will and, when pending, its due time
 retained       topic                              the message
 meta           name                               any CBOR value (cluster config later)
+delayed        due ms (u64 BE) + message id       a delayed message (`delayed.records`),
+               (u64 BE)                           read a window at a time, never at start
 =============  =================================  =======================================
 
 Values other than format-2 deliveries are CBOR maps with `"v": 1`
@@ -185,6 +187,20 @@ class RocksStore(SessionStore):
             yield from family.items()
         finally:
             del family
+
+    def scan_range(self, cf: str, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        assert self._db is not None, "store is closed"
+        it = self._db.get_column_family(cf).iter()
+        it.seek(start)
+        out: list[tuple[bytes, bytes]] = []
+        while it.valid() and len(out) < limit:
+            out.append((it.key(), it.value()))
+            it.next()
+        return out
+
+    def count(self, cf: str) -> int:
+        assert self._db is not None, "store is closed"
+        return sum(1 for _ in self._db.get_column_family(cf).keys())
 
     def close(self) -> None:
         """Release the DB (and its lock) so the same path can be opened again."""

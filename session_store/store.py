@@ -78,7 +78,7 @@ from session_store.model import Delivery, Message, SubscriptionOptions
 log = logging.getLogger("meshd.session_store")
 
 SEP = b"\x00"
-COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta")
+COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta", "delayed")
 SESSION_SCOPED = ("subscriptions", "inflight", "queue", "qos2_in")
 
 _U64 = struct.Struct(">Q")
@@ -269,6 +269,21 @@ class SessionStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def scan_range(self, cf: str, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` (key, value) of a column family from `start` on, in key order,
+        as written (not the open batch). Backends with an index override this scan."""
+        out: list[tuple[bytes, bytes]] = []
+        for key, value in self.scan(cf):
+            if key >= start:
+                out.append((key, value))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def count(self, cf: str) -> int:
+        """Records in a column family, as written (start-up only)."""
+        return sum(1 for _ in self.scan(cf))
 
     def take_batch(self, hold: int = 0) -> tuple[PendingBatch, int]:
         """Hand over what is to be written now (and the epoch it reaches).
@@ -501,6 +516,23 @@ class SessionStore(ABC):
     def delete_meta(self, key: str) -> None:
         self._delete("meta", key.encode("utf-8"))
         self._changed()
+
+    # Delayed publish (`delayed.service`): its index, read a window at a time, never
+    # loaded whole by `load`.
+
+    def put_delayed(self, key: bytes, value: bytes) -> None:
+        self._put("delayed", key, bytes, value)
+        self._changed()
+
+    def delete_delayed(self, key: bytes) -> None:
+        self._delete("delayed", key)
+        self._changed()
+
+    def scan_delayed(self, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        return self.scan_range("delayed", start, limit)
+
+    def count_delayed(self) -> int:
+        return self.count("delayed")
 
     # -- start-up ---------------------------------------------------------------------------
 
