@@ -291,4 +291,5 @@ export const PAGES = [
   { id: "config", title: "Config", render: configPage },
   { id: "websocket", title: "WebSocket client", render: websocketPage },
   { id: "bridges", title: "Bridges", render: featurePage("Bridges", "/api/v1/bridges") },
+  { id: "delayed", title: "Delayed", render: featurePage("Delayed messages", "/api/v1/delayed") },
 ];

@@ -245,6 +245,21 @@ def test_the_bridges_page_lists_a_bridge_and_inspects_it(cluster, browser, scree
     assert request_json(cluster[0].http_addr, "DELETE", "/api/v1/bridges/to-n1")[0] == 200
 
 
+def test_the_delayed_page_lists_a_pending_delayed_message_and_inspects_it(cluster, browser, screens):
+    pub = Client("delayer", version=5)
+    pub.connect(cluster[0].port)
+    pub.publish("$delayed/600/later/report", b"in ten minutes", qos=1)
+    pub.disconnect()
+    open_page(browser, cluster[0], "delayed")
+    wait_until(browser, lambda: len(cells(browser, "features")) == 1, "the pending message listed")
+    message_id = cells(browser, "features")[0][0]
+    wait_until(browser, lambda: click(browser, By.LINK_TEXT, message_id), "a click on it")
+    wait_until(browser, lambda: '"later/report"' in text(browser, "feature-detail"), "the message inspected")
+    browser.save_screenshot(str(screens / "delayed.png"))
+    assert request_json(cluster[0].http_addr, "DELETE", f"/api/v1/delayed/{message_id}")[0] == 200
+    wait_until(browser, lambda: "none" in text(browser, "feature-list"), "the list empty once cancelled")
+
+
 # The panel's packet reader, fed a PUBLISH, a PUBACK and a PUBLISH with a two-byte
 # length split at every offset, gives back the same three packets each time.
 READER_SPLITS = """
