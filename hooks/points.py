@@ -1,17 +1,22 @@
 """The hook points and what a callback at each is given.
 
-Every callback is called as `callback(value, *context)` and answers:
+Every callback is called as `callback(value, *context)` (message.publish:
+`callback(message)`) and answers:
 
 - None: pass (the chain goes on with `value` unchanged);
 - another value: the chain goes on with that one (a changed message, a verdict);
 - `Stop(value)`: the chain ends here, with `value` (or the current one if None);
 - `DROP` (message.publish only): the message goes nowhere.
 
+Only message.publish may be async. client.connect and client.authenticate may run in
+a worker thread (when the password file's hash check runs there): they must not call
+into Trio.
+
 The value and the context per point:
 
-    client.connect        ConnectInfo, -                  notification; a Stop(code) refuses the CONNECT with v5 `code`
+    client.connect        0, ConnectInfo                  answer a v5 reason code >= 0x80 to refuse the CONNECT
     client.authenticate   AuthVerdict, ConnectInfo        the password file is the built-in first callback
-    client.authorize      bool, ClientInfo, action, topic action: "publish" | "subscribe"; the ACL is the built-in first callback
+    client.authorize      True, ClientInfo, action, topic action: "publish" | "subscribe"; the ACL is the built-in first callback
     client.connected      None, ClientInfo                notification
     client.disconnected   None, ClientInfo, reason        notification
     session.created       None, client_id                 notification
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class HookPoint(enum.Enum):
@@ -51,9 +57,17 @@ class HookPoint(enum.Enum):
         return self.value.replace(".", "_")
 
 
+class TopicCheck(Protocol):
+    """A client's compiled ACL, as client.authorize's built-in callback reads it."""
+
+    def can_publish(self, topic: str) -> bool: ...
+
+    def can_subscribe(self, topic_filter: str) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClientInfo:
-    """Who a client is, as the hooks see it."""
+    """Who a client is, as the hooks see it (`acl`: its ACL, None when none applies)."""
 
     client_id: str
     username: str | None
@@ -61,6 +75,7 @@ class ClientInfo:
     transport: str
     protocol_level: int
     node: str
+    acl: TopicCheck | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,7 @@ class ConnectInfo:
     password: bytes | None
     clean_start: bool
     cert_cn: str | None
+    peer_ip: str = ""
 
 
 @dataclass(frozen=True, slots=True)

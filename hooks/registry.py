@@ -170,23 +170,84 @@ class Hooks:
         """message.publish: each callback may pass, stop the chain, answer a changed
         message or DROP it (None then). Callbacks may be async (a bridge awaits its
         durable enqueue before the publisher's acknowledgement)."""
-        for reg in self.message_publish:
+        started = self.start_publish(message)
+        return await self.finish_publish(started) if isinstance(started, PendingPublish) else started
+
+    def start_publish(self, message: Message) -> "Message | None | PendingPublish":
+        """The synchronous part of `run_publish`: the chain runs here until a callback
+        answers an awaitable; then a `PendingPublish` for `finish_publish` to await.
+        A chain of callbacks that answer at once never awaits (the reader keeps
+        reading)."""
+        return self._continue_publish(message, self.message_publish, 0)
+
+    async def finish_publish(self, pending: "PendingPublish") -> Message | None:
+        """Await what `start_publish` left, then the rest of the chain."""
+        while True:
+            reg = pending.chain[pending.index]
+            try:
+                answer = await pending.awaitable
+            except Exception as exc:
+                self.failed(reg, exc)
+                answer = None
+            step = self._answer(pending.message, answer, reg)
+            if step is None:
+                return None
+            if isinstance(step, _Stopped):
+                return step.message
+            after = self._continue_publish(step, pending.chain, pending.index + 1)
+            if not isinstance(after, PendingPublish):
+                return after
+            pending = after
+
+    def _continue_publish(self, message: Message, chain: tuple[Registration, ...],
+                          start: int) -> "Message | None | PendingPublish":
+        for index in range(start, len(chain)):
+            reg = chain[index]
             try:
                 answer = reg.callback(message)
-                if answer is not None and inspect.isawaitable(answer):
-                    answer = await answer
             except Exception as exc:
                 self.failed(reg, exc)
                 continue
             if answer is None:
                 continue
-            if answer is DROP:
+            if inspect.isawaitable(answer):
+                return PendingPublish(answer, chain, index, message)
+            step = self._answer(message, answer, reg)
+            if step is None:
                 return None
-            if isinstance(answer, Stop):
-                stopped = message if answer.value is None else answer.value
-                return None if stopped is DROP else _checked(stopped, message, reg, self)
-            message = _checked(answer, message, reg, self)
+            if isinstance(step, _Stopped):
+                return step.message
+            message = step
         return message
+
+    def _answer(self, current: Message, answer: Any, reg: Registration) -> Any:
+        """One callback's answer: the message to go on with, None (dropped), or
+        `_Stopped` (the chain ends with its message)."""
+        if answer is None:
+            return current
+        if answer is DROP:
+            return None
+        if isinstance(answer, Stop):
+            stopped = current if answer.value is None else answer.value
+            return None if stopped is DROP else _Stopped(_checked(stopped, current, reg, self))
+        return _checked(answer, current, reg, self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stopped:
+    message: Message
+
+
+class PendingPublish:
+    """A message.publish chain waiting on one callback's awaitable (`finish_publish`)."""
+
+    __slots__ = ("awaitable", "chain", "index", "message")
+
+    def __init__(self, awaitable: Awaitable[Any], chain: tuple[Registration, ...], index: int, message: Message) -> None:
+        self.awaitable = awaitable
+        self.chain = chain
+        self.index = index
+        self.message = message
 
 
 def _checked(answer: Any, current: Message, reg: Registration, hooks: Hooks) -> Message:

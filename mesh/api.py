@@ -26,6 +26,7 @@
     GET  /api/v1/bridges/{id}
     DELETE /api/v1/bridges/{id}   remove it on every node
     GET  /metrics
+    (and the routes of `mesh.extensions_api`: /api/v1/rules, /api/v1/plugins)
     GET  /                        the dashboard (mesh/web/, `mesh.dashboard`: static files, no data; every
                                   page reads the endpoints above with the token, if one is set)
 

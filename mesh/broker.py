@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 
 import faults
 from clock import Clock, SystemClock
-from hooks import Hooks
+from hooks import HookPoint, Hooks
 from mesh.client_port import ClientPort, PublishCache
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
 from mqtt.topics import parse_shared_subscription
@@ -235,6 +235,8 @@ class Broker:
         if session is None:
             session = Session(client_id=client_id, persistent=expiry > 0)
             self.sessions[client_id] = session
+            if self.hooks.session_created:
+                self.hooks.notify(HookPoint.SESSION_CREATED, client_id)
         session.expiry_interval = expiry
         session.protocol_level = level
         session.disconnected_at = None
@@ -318,6 +320,8 @@ class Broker:
             log.info("session %s ended; %d queued messages had been dropped", session.client_id, session.dropped)
         if released and self.mesh is not None:
             self.mesh.session_ended(session.client_id)
+        if self.hooks.session_terminated:
+            self.hooks.notify(HookPoint.SESSION_TERMINATED, session.client_id)
 
     def _publish_will(self, client_id: str, will: Will, now: float) -> None:
         props = will.properties
@@ -378,6 +382,8 @@ class Broker:
         if session.persistent:
             self.store.put_subscription(session.client_id, sub.topic_filter, options)
         self._index_subscription(session.client_id, group, real_filter)
+        if self.hooks.session_subscribed:
+            self.hooks.notify(HookPoint.SESSION_SUBSCRIBED, session.client_id, sub.topic_filter, sub.qos)
         retained: list[Delivery] = []
         # MQTT-3.3.1-9..11: retain handling; shared subscriptions get no retained messages.
         if group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)):
@@ -392,6 +398,8 @@ class Broker:
         if topic_filter not in session.subscriptions:
             return False
         self._remove_subscription(session, topic_filter)
+        if self.hooks.session_unsubscribed:
+            self.hooks.notify(HookPoint.SESSION_UNSUBSCRIBED, session.client_id, topic_filter)
         return True
 
     def _remove_subscription(self, session: Session, topic_filter: str) -> None:
@@ -904,8 +912,16 @@ class Broker:
         if session is not None and client_id not in self.connections:
             self._end_session(session, now, publish_pending_will=False)
 
+    def dropped(self, msg: Message, reason: str) -> None:
+        """message.dropped: a message that reached no one here, or one session's copy
+        that is lost (queue_full, slow_consumer, expired, too_large, no_subscribers,
+        dropped_by_hook). Counted by the caller in `stats`."""
+        if self.hooks.message_dropped:
+            self.hooks.notify(HookPoint.MESSAGE_DROPPED, msg, reason)
+
     def _note_queue_drop(self, session: Session, dropped: Delivery) -> None:
         self.stats.dropped_queue_full += 1
+        self.dropped(dropped.message, "queue_full")
         if session.dropped == 1 or session.dropped % 1000 == 0:
             log.warning(
                 "queue of %s full (max_queued_messages=%d): dropped a QoS %d message on %s (%d dropped so far)",

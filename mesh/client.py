@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from clock import Clock
 from delayed.topic import DelayedTopic, DelayedTopicRefused, is_delayed, parse_delayed
+from hooks import HookPoint
+from hooks.registry import PendingPublish
+from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
 from mesh.acl import ClientAcl
 from mesh.client_port import PublishCache
 from mesh.limits import TokenBucket
@@ -35,7 +38,7 @@ from session_store.model import NEVER_EXPIRES, Delivery, Message, Session
 
 if TYPE_CHECKING:
     from mesh.broker import Broker, BrokerLimits, DelayedIntake
-    from mesh.security import AuthResult, Security
+    from mesh.security import Security
 
 log = logging.getLogger("meshd.connection")
 
@@ -78,7 +81,7 @@ class Client:
     __slots__ = (
         "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
         "session", "acl", "acl_generation", "closing", "pending_connect", "pending_publish", "_publish_bucket", "_rate_delay",
-        "_pending_acks", "_holds_slot", "close_reason",
+        "_pending_acks", "_holds_slot", "close_reason", "_hook_info",
     )
 
     def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
@@ -99,7 +102,7 @@ class Client:
         self.closing = False
         self.pending_connect: Connect | None = None  # a CONNECT whose handshake must await
         # A PUBLISH whose message.publish hooks must be awaited before it is routed.
-        self.pending_publish: tuple[Publish, Message] | None = None
+        self.pending_publish: tuple[Publish, PendingPublish] | None = None
         rate = security.settings.publish_rate if security is not None else 0.0
         self._publish_bucket = TokenBucket(rate, max(1.0, rate)) if rate else None
         self._rate_delay = 0.0  # seconds the reader pauses (publish_rate)
@@ -109,6 +112,7 @@ class Client:
         # Why the connection ended, for the `client.disconnected` line: (reason, code);
         # None until it ends, and then a lost connection (no DISCONNECT, no close).
         self.close_reason: tuple[str, int | None] | None = None
+        self._hook_info: ClientInfo | None = None  # made when a hook first needs it
 
     # -------------------------------------------------------------- to the I/O side
 
@@ -210,6 +214,17 @@ class Client:
         reason, code = self.close_reason or ("connection_lost", None)
         log_event(log, Event.CLIENT_DISCONNECTED, client_id=self.client_id, address=self.peer,
                   listener=self.transport, reason=reason, code=None if code is None else f"0x{code:02X}")
+        hooks = self.broker.hooks
+        if hooks.client_disconnected:
+            hooks.notify(HookPoint.CLIENT_DISCONNECTED, self.hook_info(), reason)
+
+    def hook_info(self) -> ClientInfo:
+        """Who this client is, as hook callbacks see it (made once, after CONNECT)."""
+        info = self._hook_info
+        if info is None or info.acl is not self.acl or info.client_id != self.client_id or info.username != self.username:
+            info = self._hook_info = ClientInfo(self.client_id, self.username, self.peer, self.transport,
+                                                self.machine.protocol_level, self.broker.node_id, self.acl)
+        return info
 
     def _protocol_violation(self, event: ProtocolViolation) -> None:
         self.broker.stats.protocol_errors += 1
@@ -253,27 +268,52 @@ class Client:
             assert self.security is not None
             self.security.release()
 
-    def authenticate_now(self, c: Connect) -> "AuthResult | None":
-        security = self.security
-        return security.authenticate(c.username, c.password, self.peer_ip, self.cert_cn) if security is not None else None
+    def connect_info(self, c: Connect) -> ConnectInfo:
+        return ConnectInfo(ClientInfo(c.client_id, c.username, self.peer, self.transport, c.protocol_level,
+                                      self.broker.node_id), c.password, c.clean_start, self.cert_cn, self.peer_ip)
 
-    def authorize(self, c: Connect, result: "AuthResult | None") -> bool:
+    def authenticate_now(self, c: Connect) -> AuthVerdict | None:
+        """client.connect, then the client.authenticate chain (the password file is its
+        built-in first callback, `mesh.security`); None when no hook has a say. May run
+        in a worker thread (`Security.needs_hashing`): it touches no Trio state."""
+        hooks = self.broker.hooks
+        if not hooks.client_connect and not hooks.client_authenticate:
+            return None
+        info = self.connect_info(c)
+        if hooks.client_connect:
+            code = hooks.fold(HookPoint.CLIENT_CONNECT, 0, info)
+            if isinstance(code, int) and code >= 0x80:
+                return AuthVerdict(False, code, "refused by a client.connect hook")
+        return hooks.fold(HookPoint.CLIENT_AUTHENTICATE, AuthVerdict(), info) if hooks.client_authenticate else None
+
+    def authorize(self, c: Connect, result: AuthVerdict | None) -> bool:
         """Authentication's verdict, then the client's ACL and the will's check against it."""
-        security = self.security
-        if security is None or result is None:
+        if result is None:
             return True
-        if not result.ok:
-            self.refuse(result.reason_code, result.detail or "authentication")
+        if result.ok is False:
+            self.refuse(result.reason_code or ReasonCode.NOT_AUTHORIZED, result.detail or "authentication")
             return False
         if result.username is not None:
             self.username = result.username
+        security = self.security
+        if security is None:
+            return True
         self.acl = security.client_acl(self.username, c.client_id, self.peer_ip)
         self.acl_generation = security.acl_generation
-        if c.will is not None and self.acl is not None and not self.acl.can_publish(c.will.topic):
+        if c.will is not None and not self.may("publish", c.will.topic):
             security.denied("publish")
             self.refuse(ReasonCode.NOT_AUTHORIZED, "the will topic is not allowed by the ACL")
             return False
         return True
+
+    def may(self, action: str, topic: str) -> bool:
+        """client.authorize: may this client publish to / subscribe to `topic`? The
+        ACL is the chain's built-in first callback (`mesh.security`); with nothing
+        registered (no ACL, no plugin) everything is allowed."""
+        hooks = self.broker.hooks
+        if not hooks.client_authorize:
+            return True
+        return bool(hooks.fold(HookPoint.CLIENT_AUTHORIZE, True, self.hook_info(), action, topic))
 
     def open_session(self, c: Connect, now: float) -> None:
         """The session, CONNACK, and a resumed session's backlog."""
@@ -292,6 +332,9 @@ class Client:
         log_event(log, Event.CLIENT_CONNECTED, client_id=client_id, address=self.peer, listener=self.transport,
                   protocol=c.protocol_level, clean=c.clean_start, expiry="never" if expiry == NEVER_EXPIRES else expiry,
                   keepalive=self.machine.keep_alive, session_present=present, username=self.username)
+        hooks = self.broker.hooks
+        if hooks.client_connected:
+            hooks.notify(HookPoint.CLIENT_CONNECTED, self.hook_info())
         if present:
             self._resume(now)
 
@@ -303,6 +346,7 @@ class Client:
         assert session is not None
         if delivery.message.expired(now):
             self.broker.stats.dropped_expired += 1
+            self.broker.dropped(delivery.message, "expired")
             return
         if self.closing:
             # DISCONNECT is on its way: nothing may follow it on the wire (QoS >= 1
@@ -313,6 +357,7 @@ class Client:
         if delivery.qos == 0:
             if self._outbox_bytes > OUTBOX_LIMIT:
                 self.broker.stats.dropped_slow_consumer += 1
+                self.broker.dropped(delivery.message, "slow_consumer")
                 return
             self._send_publish(delivery, None, False, now, cache)
             return
@@ -343,7 +388,7 @@ class Client:
                         else msg.remaining_expiry(now))
             data = machine.publish(msg.topic, msg.payload, d.qos, d.retain, packet_id, props, dup)
             if data is None:
-                self._drop_too_large(packet_id)
+                self._drop_too_large(d.message, packet_id)
                 return
             if key is not None and cache is not None:
                 cache[key] = data
@@ -351,16 +396,20 @@ class Client:
             limit = machine.client_max_packet
             if limit is not None and len(data) > limit:
                 machine.release_packet_id(packet_id or 0)
-                self._drop_too_large(packet_id)
+                self._drop_too_large(d.message, packet_id)
                 return
             if packet_id is not None:
                 data = patch_publish(data, packet_id=packet_id)
         self.broker.stats.messages_out[d.qos] += 1
         self.write(data)
+        hooks = self.broker.hooks
+        if hooks.message_delivered:
+            hooks.notify(HookPoint.MESSAGE_DELIVERED, self.client_id, d.message)
 
-    def _drop_too_large(self, packet_id: int | None) -> None:
+    def _drop_too_large(self, msg: Message, packet_id: int | None) -> None:
         # MQTT-3.1.2-25: too big for this client: discard as if delivered.
         self.broker.stats.dropped_too_large += 1
+        self.broker.dropped(msg, "too_large")
         if packet_id is not None and self.session is not None:
             self.broker.release_inflight(self.session, packet_id)
 
@@ -377,6 +426,7 @@ class Client:
             if d.message.expired(now):
                 broker.release_dequeued(session, d)
                 broker.stats.dropped_expired += 1
+                broker.dropped(d.message, "expired")
                 continue
             if d.qos == 0:
                 broker.release_dequeued(session, d)
@@ -403,6 +453,7 @@ class Client:
                 self.broker.release_inflight(session, pid)
                 machine.release_packet_id(pid)
                 self.broker.stats.dropped_expired += 1
+                self.broker.dropped(entry.delivery.message, "expired")
             else:
                 self._send_publish(entry.delivery, pid, True, now, None)
         self._fill_window(now)
@@ -443,11 +494,16 @@ class Client:
                     self.write(machine.pubrec(pid, refusal))
                 return False
         msg = broker.make_message(p.topic, p.payload, qos, p.retain, p.properties, self.client_id, now)
-        if broker.hooks.message_publish:
-            # Callbacks at message.publish may await (a bridge's durable enqueue): the
-            # reader awaits them (`pending_publish`), then calls `route_publish`.
-            self.pending_publish = (p, msg)
-            return True
+        hooks = broker.hooks
+        if hooks.message_publish:
+            started = hooks.start_publish(msg)
+            if isinstance(started, PendingPublish):
+                # A callback awaits (a bridge's durable enqueue): the reader awaits the
+                # rest of the chain (`pending_publish`), then calls `route_publish`.
+                self.pending_publish = (p, started)
+                return True
+            self.route_publish(p, started, now)
+            return False
         self.route_publish(p, msg, now)
         return False
 
@@ -463,6 +519,10 @@ class Client:
         # In a cluster the ack also waits for the nodes the message was forwarded to.
         gate = AckGate() if qos and broker.mesh is not None else None
         matched = broker.publish(msg, now, gate=gate) if msg is not None else 0
+        if not matched and broker.hooks.message_dropped:
+            broker.dropped(msg if msg is not None else broker.make_message(p.topic, p.payload, qos, p.retain, p.properties,
+                                                                          self.client_id, now),
+                           "no_subscribers" if msg is not None else "dropped_by_hook")
         if qos == 0 or self.closing:
             return
         rc = ReasonCode.SUCCESS if matched or machine.protocol_level != 5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
@@ -559,7 +619,7 @@ class Client:
         if security.refuse_during_netsplit("publish"):
             return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
         self._refresh_acl()
-        if self.acl is not None and not self.acl.can_publish(topic):
+        if not self.may("publish", topic):
             security.denied("publish")
             log.debug("%s: %s may not publish to %r", self.peer, self.client_id, topic)
             return ReasonCode.NOT_AUTHORIZED
@@ -586,7 +646,7 @@ class Client:
         if security.refuse_during_netsplit("subscribe"):
             return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
         self._refresh_acl()
-        if self.acl is not None and not self.acl.can_subscribe(topic_filter):
+        if not self.may("subscribe", topic_filter):
             security.denied("subscribe")
             log.debug("%s: %s may not subscribe to %r", self.peer, self.client_id, topic_filter)
             return ReasonCode.NOT_AUTHORIZED
@@ -595,6 +655,11 @@ class Client:
     def _on_ack(self, packet_id: int, now: float) -> None:
         session = self.session
         assert session is not None
+        hooks = self.broker.hooks
+        if hooks.message_acked:
+            entry = session.inflight.get(packet_id)
+            if entry is not None:
+                hooks.notify(HookPoint.MESSAGE_ACKED, self.client_id, entry.delivery.message)
         if self.broker.release_inflight(session, packet_id):
             self._fill_window(now)
 

@@ -49,7 +49,22 @@ def _check_bridge(item_id: str, text: str) -> None:
         raise ConfigError(f"bridge/{item_id}", f"the table's id is {config.id!r}")
 
 
-CLUSTER_FAMILIES: dict[str, Callable[[str, str], None]] = {"bridge": _check_bridge}
+def _check_rule(item_id: str, text: str) -> None:
+    """A rule added through the API: its table's shape (each node compiles it itself:
+    the actions it can run are its own)."""
+    import json
+
+    from rules.engine import RuleError, RuleSpec
+
+    try:
+        spec = RuleSpec.from_table(json.loads(text))
+    except (RuleError, ValueError) as exc:
+        raise ConfigError(f"rule/{item_id}", str(exc)) from None
+    if spec.id != item_id:
+        raise ConfigError(f"rule/{item_id}", f"the table names rule {spec.id!r}")
+
+
+CLUSTER_FAMILIES: dict[str, Callable[[str, str], None]] = {"bridge": _check_bridge, "rule": _check_rule}
 
 
 def family_of(key: str) -> tuple[str, str] | None:
@@ -60,7 +75,8 @@ def family_of(key: str) -> tuple[str, str] | None:
     return None
 
 
-# What a cluster setting holds: a parsed number or flag, a log level, the ACL's TOML.
+# What a cluster setting holds: a parsed number or flag, a log level, the ACL's TOML,
+# an item's JSON text (bridges, rules).
 ClusterValue = int | bool | str
 
 

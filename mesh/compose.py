@@ -10,11 +10,12 @@ collaborators here, at construction, and nothing is wired in afterwards.
     partition view         netsplit verdicts: read by security and fed by the monitor
     gossip                 SWIM membership, broadcasts and push-pull
     partition monitor      turns membership changes into partition events
-    mesh port              the route table and links, shared by broker and cluster
     hooks                  the chains at each point of a client's and a message's life
+    mesh port              the route table and links, shared by broker and cluster
     broker                 sessions, subscriptions, retained messages, wills
     bridges                MQTT and HTTP targets behind durable cache queues (egress at message.publish)
     delayed runner         publishes delayed messages through the broker when due
+    plugins, rules         callbacks on the hooks: this node's plugins, the rule engine
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
     $SYS publisher         the broker's numbers as retained topics
@@ -34,6 +35,7 @@ from typing import Callable, Mapping
 
 from clock import Clock, TrioClock
 from delayed.service import DelayedMessages, DelayedRunner
+from bridges.actions import bridge_factory, webhook_factory
 from gossip.config import preset as gossip_preset
 from gossip.service import GossipService
 from gossip.trace import NullTraceWriter, TraceWriter
@@ -46,6 +48,8 @@ from mesh.config import ConfigError, Settings, resolve_node_id
 from mesh.config_sync import ConfigSync
 from mesh.delayed_ops import delayed_metrics, delayed_routes
 from mesh.doorbell import Doorbell
+from mesh.extensions import add_extension_metrics, build_rule_engine, load_node_plugins
+from mesh.extensions_api import plugin_routes, rule_routes
 from mesh.inventory import Inventory
 from mesh.node import Node, WriteRunner
 from mesh.node_metrics import node_metrics
@@ -88,7 +92,10 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # same gossip settings.
     gossip_config = gossip_preset(settings.gossip_preset).with_(reconnect_dead_for=settings.reconnect_dead_for)
     partition_view = PartitionView(detector_for(node_id, gossip_config), clock=clock)
-    security = Security(settings, clock=clock, in_minority=partition_view.in_minority)
+    # Plugins, the password file and ACL, the rule engine and the bridges add their
+    # callbacks to these chains.
+    hooks = Hooks()
+    security = Security(settings, clock=clock, in_minority=partition_view.in_minority, hooks=hooks)
     stream_tls = cluster_stream_tls(settings)
 
     store_dirty = Doorbell()
@@ -129,13 +136,17 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # changes), so neither is wired into the other.
     mesh = MeshPort(RouteTable(node_id, route_epoch), gossip)
     timers_changed = Doorbell()
-    # Plugins, the rule engine and the bridges add their callbacks to these chains.
-    hooks = Hooks()
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
                     on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks, delayed=delayed)
     broker.restore(recovered, started_at)
     bridges = build_bridges(settings, bridge_tables, node_id=node_id, clock=clock, rng=_child(rng), broker=broker,
                             hooks=hooks, in_memory=open_store is not None, run_write=run_write)
+    # Plugins (this node's `plugins`) and the rule engine with this node's `[[rules]]`.
+    plugins = load_node_plugins(settings.plugins, hooks, node_id)
+    # The bridges give the rules their webhook and bridge actions (through their queues).
+    rules = build_rule_engine(settings.rules, node_id=node_id, clock=clock, hooks=hooks, broker=broker,
+                              connections=broker,
+                              more_actions={"webhook": webhook_factory(bridges), "bridge": bridge_factory(bridges)})
     cluster = Cluster(
         node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,
         cluster_name=settings.cluster_name, clock=clock, rng=_child(rng),
@@ -148,18 +159,19 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # Config sync lives through its gossip handlers; the API reads and changes it.
     config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,
                              recovered_meta=recovered.meta, security=security,
-                             families=configure_families(bridges))
+                             families={**configure_families(bridges), "rule": rules.apply_cluster})
 
     def uptime() -> float:
         return clock.wall() - started_at
 
     sys = SysPublisher(broker=broker, clock=clock, interval=settings.sys_interval, uptime=uptime,
-                       gossip=gossip, cluster=cluster, partitions=partitions)
+                       gossip=gossip, cluster=cluster, partitions=partitions, hooks=hooks)
     ports: dict[str, int] = {}  # filled in by Node.serve as each listener binds
     metrics = node_metrics(broker=broker, store=store, gossip=gossip, partitions=partitions, cluster=cluster,
                            security=security, uptime=uptime)
     add_bridge_metrics(metrics, bridges)
     delayed_metrics(metrics, delayed)
+    add_extension_metrics(metrics, hooks=hooks, plugins=plugins, rules=rules)
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
     queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
     inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
@@ -169,13 +181,15 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
                        config_sync=config_sync, metrics=metrics, inventory=inventory,
                        node_stats=NodeStats(broker=broker, store=store, history=history,
                                             store_dir=os.path.join(settings.data_dir, "sessions")),
-                       extra_routes=[*bridge_routes(bridges, config_sync), *delayed_routes(delayed)])
+                       extra_routes=[*bridge_routes(bridges, config_sync), *delayed_routes(delayed),
+                                     *rule_routes(node_id=node_id, rules=rules, config_sync=config_sync),
+                                     *plugin_routes(node_id=node_id, plugins=plugins, hooks=hooks)])
 
     return Node(
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api, run_write=run_write, services=(bridges, history, delayed_runner),
+        ports=ports, api=api, run_write=run_write, services=(bridges, history, delayed_runner, rules),
     )
 
 

@@ -350,6 +350,24 @@ class Tables(Kind):
         return json.dumps(self.plain(value)) if value else "none"
 
 
+@dataclass(frozen=True)
+class Names(Kind):
+    """Zero or more names: a comma-separated string or a list (plugins to enable)."""
+
+    metavar: str = "NAME"
+    expected: str = "NAME[,NAME...]"
+
+    def parse(self, key: str, raw: object) -> object:
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(key, f"bad value {raw!r} (expected {self.expected})")
+        return tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+
+    def render(self, value: object) -> str:
+        assert isinstance(value, tuple)
+        return ",".join(value) if value else "none"
+
+
 T = TypeVar("T")
 
 
@@ -452,6 +470,9 @@ class Settings:
     memory_limit: int = _setting(0, Int(0, None, "bytes", metavar="BYTES"), "refuse new connections (CONNACK 0x89) while the node's RSS is above this, 0 = off")
     # -- bridges (README "Bridges") --
     bridges: tuple[Mapping[str, object], ...] = _setting((), Tables(), "bridges to other MQTT brokers and HTTP services ([[bridges]] tables: id, type, url, egress, ingress, queue_max_bytes, ...; README \"Bridges\")")
+    # -- extensions (README "Hooks and plugins", "Rules") --
+    plugins: tuple[str, ...] = _setting((), Names(), "plugins to enable on this node: names of the meshd.plugins entry point group, or module paths (package.module or package.module:attr)")
+    rules: tuple[Mapping[str, Any], ...] = _setting((), Tables(), "rules of this node ([[rules]] tables: id, sql, [[rules.actions]]); rules added through the API apply cluster-wide")
 
     # Where each value came from (`load_settings` fills it in); not a setting itself.
     origins: Mapping[str, Origin] = field(default_factory=dict, compare=False, repr=False)

@@ -25,7 +25,7 @@ import trio
 from clock import Clock
 from mesh.client import OUTBOX_LIMIT, Client, _persistent, server_settings
 from mesh.streams import READ_SIZE, ByteStream
-from session_store.model import Message
+from hooks.registry import PendingPublish
 from mqtt import Connect, Publish, ReasonCode
 
 if TYPE_CHECKING:
@@ -227,11 +227,11 @@ class ClientConnection(Client):
             self._idle_since = now = clock.now()
             machine.receive_data(data, now)
 
-    async def _publish_hooked(self, p: Publish, msg: Message) -> None:
-        """A PUBLISH through the message.publish chain (which may await), then routed
-        and acknowledged; the reader reads nothing more meanwhile, so order holds."""
+    async def _publish_hooked(self, p: Publish, pending: PendingPublish) -> None:
+        """A PUBLISH whose message.publish chain awaits: the rest of the chain, then
+        routed and acknowledged; the reader reads nothing more meanwhile, so order holds."""
         self.pending_publish = None
-        self.route_publish(p, await self.broker.hooks.run_publish(msg), self.clock.wall())
+        self.route_publish(p, await self.broker.hooks.finish_publish(pending), self.clock.wall())
 
     async def _handshake(self, c: Connect) -> bool:
         """The CONNECT's steps (`mesh.client`), awaiting where a step must: the password
@@ -241,13 +241,12 @@ class ClientConnection(Client):
             await self.security.wait_for_slot()
         if not self.admit():
             return False
-        result = None
         security = self.security
-        if security is not None:
-            if security.needs_hashing(c.username):
-                result = await trio.to_thread.run_sync(security.authenticate, c.username, c.password, self.peer_ip, self.cert_cn)
-            else:
-                result = self.authenticate_now(c)
+        if security is not None and security.needs_hashing(c.username):
+            # The client.authenticate chain, with the password file's KDF, off the Trio thread.
+            result = await trio.to_thread.run_sync(self.authenticate_now, c)
+        else:
+            result = self.authenticate_now(c)
         if not self.authorize(c, result):
             return False
         mesh = self.broker.mesh

@@ -14,6 +14,11 @@
     meshd ctl delayed list [--limit N] [--after ID]   this node's pending delayed messages
     meshd ctl delayed show ID            one pending delayed message
     meshd ctl delayed cancel ID          cancel it
+    meshd ctl rules list                 every rule, with its metrics (matched, passed, failed, actions)
+    meshd ctl rules show RULE_ID         one rule, its SQL, actions, metrics and last error
+    meshd ctl rules add RULE_ID SQL [--action JSON]...   add (or replace) a rule on every node
+    meshd ctl rules delete RULE_ID       remove a rule added through the API, on every node
+    meshd ctl plugins                    this node's plugins and every hook callback, with errors
     meshd ctl routes                     the cluster route table as this node sees it
     meshd ctl cluster                    members, current partitions and partition history
 
@@ -146,6 +151,18 @@ def build_parser() -> Parser:
     command(delayed, "show", "one pending delayed message").add_argument("id", metavar="ID")
     command(delayed, "cancel", "cancel a pending delayed message").add_argument("id", metavar="ID")
 
+    rules = command(sub, "rules", "SQL rules over messages and events, on every node").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    command(rules, "list", "every rule, with its metrics")
+    command(rules, "show", "one rule: SQL, actions, metrics, last error").add_argument("rule_id", metavar="RULE_ID")
+    add = command(rules, "add", "add (or replace) a rule on every node")
+    add.add_argument("rule_id", metavar="RULE_ID")
+    add.add_argument("sql", metavar="SQL", help='e.g. \'SELECT payload.temp AS t FROM "sensors/+/temp" WHERE t > 30\'')
+    add.add_argument("--action", dest="actions", metavar="JSON", action="append", default=[],
+                     help='an action table as JSON, e.g. \'{"type": "republish", "topic": "alerts/${clientid}"}\' (repeatable)')
+    command(rules, "delete", "remove a rule added through the API, on every node").add_argument(
+        "rule_id", metavar="RULE_ID")
+    command(sub, "plugins", "this node's plugins and every hook callback, with their errors")
     command(sub, "routes", "the cluster route table (filter -> nodes)")
     command(sub, "cluster", "members, current partitions (netsplits) and their history")
     return p
@@ -177,6 +194,14 @@ def _request(args: argparse.Namespace) -> Request:
         if action == "get":
             return Request("GET", f"/api/v1/config/{quote(args.key, safe='')}")
         return Request("GET", "/api/v1/config")
+    if command == "rules":
+        if action == "add":
+            return Request("POST", "/api/v1/rules", {"id": args.rule_id, "sql": args.sql, "actions": args.actions})
+        if action == "show":
+            return Request("GET", f"/api/v1/rules/{quote(args.rule_id, safe='')}")
+        if action == "delete":
+            return Request("DELETE", f"/api/v1/rules/{quote(args.rule_id, safe='')}")
+        return Request("GET", "/api/v1/rules")
     return Request("GET", f"/api/v1/{command}")
 
 
@@ -194,9 +219,31 @@ _TABLES: dict[tuple[str, str | None], Callable[[dict[str, Any]], str]] = {
     ("delayed", "list"): ctl_tables.format_delayed,
     ("delayed", "show"): ctl_tables.format_delayed_one,
     ("delayed", "cancel"): ctl_tables.format_delayed_one,
+    ("rules", "list"): ctl_tables.format_rules,
+    ("rules", "show"): ctl_tables.format_rule,
+    ("rules", "add"): ctl_tables.format_rule,
+    ("rules", "delete"): ctl_tables.format_deleted_rule,
+    ("plugins", None): ctl_tables.format_plugins,
     ("routes", None): ctl_tables.format_routes,
     ("cluster", None): ctl_tables.format_cluster,
 }
+
+
+def _parse_actions(args: argparse.Namespace) -> str | None:
+    """`rules add ... --action JSON`: each action's table; an error message or None."""
+    if getattr(args, "command", None) != "rules" or getattr(args, "action", None) != "add":
+        return None
+    tables = []
+    for text in args.actions:
+        try:
+            table = json.loads(text)
+        except ValueError as exc:
+            return f"--action {text!r}: not JSON ({exc})"
+        if not isinstance(table, dict):
+            return f"--action {text!r}: expected a JSON object with a type"
+        tables.append(table)
+    args.actions = tables
+    return None
 
 
 def _read_at_file(args: argparse.Namespace) -> str | None:
@@ -212,7 +259,8 @@ def _read_at_file(args: argparse.Namespace) -> str | None:
 
 # A command with actions, given none, lists (`meshd ctl clients` is `meshd ctl clients list`).
 _ACTIONS = {"clients": {"list", "show", "kick"}, "sessions": {"list", "show", "delete"},
-            "subscriptions": {"list"}, "config": {"list", "get", "set"}, "delayed": {"list", "show", "cancel"}}
+            "subscriptions": {"list"}, "config": {"list", "get", "set"}, "delayed": {"list", "show", "cancel"},
+            "rules": {"list", "show", "add", "delete"}}
 
 
 def _default_action(argv: list[str]) -> list[str]:
@@ -222,7 +270,7 @@ def _default_action(argv: list[str]) -> list[str]:
             if any(t in _ACTIONS[token] for t in rest) or any(t in ("-h", "--help") for t in rest):
                 return argv
             return argv[:i + 1] + ["list"] + rest
-        if token in ("routes", "cluster"):
+        if token in ("routes", "cluster", "plugins"):
             return argv
     return argv
 
@@ -230,7 +278,7 @@ def _default_action(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse(_default_action(argv))
-    problem = _read_at_file(args)
+    problem = _read_at_file(args) if args.command == "config" else _parse_actions(args)
     if problem is not None:
         print(f"meshd ctl: {problem}", file=sys.stderr)
         return 2

@@ -186,3 +186,44 @@ def format_delayed_one(body: dict[str, Any]) -> str:
     names = ("id", "topic", "due", "due_in_s", "received_at", "origin", "qos", "retain", "publisher",
              "payload_bytes", "expires_at")
     return "\n".join(lines + [f"{name}: {_cell(body.get(name))}" for name in names])
+
+
+def _rule_row(rule: dict[str, Any]) -> tuple[object, ...]:
+    m = rule.get("metrics", {})
+    return (rule["id"], ",".join(rule.get("from", [])), m.get("matched"), m.get("passed"), m.get("failed"),
+            m.get("actions_ok"), m.get("actions_failed"), rule.get("source"))
+
+
+_RULE_HEADERS = ("ID", "FROM", "MATCHED", "PASSED", "FAILED", "ACTIONS_OK", "ACTIONS_FAILED", "SOURCE")
+
+
+def format_rules(body: dict[str, Any]) -> str:
+    """`meshd ctl rules`: one row per rule with its counters; rules this node cannot run follow."""
+    lines = [table(_RULE_HEADERS, [_rule_row(r) for r in body.get("rules", [])])]
+    for rule_id, error in sorted(body.get("refused", {}).items()):
+        lines.append(f"refused here: {rule_id}: {error}")
+    return "\n".join(lines)
+
+
+def format_rule(rule: dict[str, Any]) -> str:
+    """`meshd ctl rules show|add`: the rule's row, its SQL, actions and last error."""
+    m = rule.get("metrics", {})
+    lines = [table(_RULE_HEADERS, [_rule_row(rule)]), f"sql: {rule['sql']}"]
+    lines.extend(f"action: {json.dumps(a, sort_keys=True)}" for a in rule.get("actions", []))
+    if m.get("last_error"):
+        lines.append(f"last error: {m['last_error']}")
+    return "\n".join(lines)
+
+
+def format_deleted_rule(body: dict[str, Any]) -> str:
+    return f"deleted rule {body['deleted']} (on every node)"
+
+
+def format_plugins(body: dict[str, Any]) -> str:
+    """`meshd ctl plugins`: each plugin and its state, then every callback in chain order."""
+    plugins = table(("PLUGIN", "STATUS", "ERRORS", "ORIGIN"),
+                    [(p["name"], p["status"] if not p.get("error") else f"{p['status']}: {p['error']}", p["errors"],
+                      p["origin"]) for p in body.get("plugins", [])])
+    hooks = table(("POINT", "CALLBACK", "PRIORITY", "ERRORS"),
+                  [(h["point"], h["callback"], h["priority"], h["errors"]) for h in body.get("hooks", [])])
+    return plugins + "\n\n" + hooks

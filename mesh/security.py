@@ -18,6 +18,8 @@ from typing import Callable
 import trio
 
 from clock import Clock
+from hooks import HookPoint, Hooks, Registration, Stop
+from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
 from mesh.acl import Acl, AclError, AclFile, ClientAcl
 from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning, api_exposure_warning
 from mesh.config import ConfigError, Settings
@@ -26,6 +28,7 @@ from mesh.tls import TlsConfigError, server_context
 
 log = logging.getLogger("meshd.security")
 
+BUILTIN_PRIORITY = 1000  # the built-in callbacks run first; a plugin may register above them
 WATCH_INTERVAL = 2.0
 # A CONNECT that finds every max_connections slot taken waits this long for one to
 # free before it is refused: a client that disconnects and reconnects at once may be
@@ -40,7 +43,8 @@ _ALLOW_DURING_NETSPLIT = {op: f"allow_{op}_during_netsplit" for op in ("connect"
 
 
 class Security:
-    def __init__(self, settings: Settings, *, clock: Clock, in_minority: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, settings: Settings, *, clock: Clock, hooks: Hooks,
+                 in_minority: Callable[[], bool] = lambda: False) -> None:
         self.settings = settings
         self.clock = clock
         # Is this node on the minority side of a netsplit now (allow_*_during_netsplit)?
@@ -81,6 +85,25 @@ class Security:
         # (its DISCONNECT, our close, or the socket's end), so never over the limit.
         self.admitted = 0
         self._slot_freed: trio.Event | None = None  # made while a CONNECT waits for a slot
+        # The password file and the ACL are the built-in first callbacks of
+        # client.authenticate and client.authorize: one path for them and for plugins.
+        self._hooks = hooks
+        self._acl_hook: Registration | None = None
+        hooks.add(HookPoint.CLIENT_AUTHENTICATE, self._authenticate_hook, BUILTIN_PRIORITY, "builtin/password_file")
+        if settings.acl_file is not None:
+            self._add_acl_hook()
+
+    def _authenticate_hook(self, verdict: AuthVerdict, info: ConnectInfo) -> AuthVerdict | Stop:
+        """client.authenticate's built-in callback: anonymous access, the password
+        file, a certificate's CN. A refusal ends the chain."""
+        result = self.authenticate(info.client.username, info.password, info.peer_ip, info.cert_cn)
+        if not result.ok:
+            return Stop(AuthVerdict(False, result.reason_code, result.detail, result.username))
+        return AuthVerdict(True, 0, result.detail, result.username)
+
+    def _add_acl_hook(self) -> None:
+        if self._acl_hook is None:
+            self._acl_hook = self._hooks.add(HookPoint.CLIENT_AUTHORIZE, _acl_hook, BUILTIN_PRIORITY, "builtin/acl")
 
     @staticmethod
     def _read_token(settings: Settings) -> str | None:
@@ -189,6 +212,7 @@ class Security:
 
     def set_cluster_acl(self, toml_text: str) -> None:
         self.cluster_acl = Acl.from_toml_text(toml_text, source="cluster acl")
+        self._add_acl_hook()
         self.acl_generation += 1
         log.info("cluster-wide ACL in force: %s", self.cluster_acl.describe())
 
@@ -236,6 +260,15 @@ class Security:
     def auth_outcomes(self) -> dict[str, int]:
         """CONNECT authentication decisions so far, by outcome (for `/metrics`)."""
         return dataclasses.asdict(self.authn.stats)
+
+
+def _acl_hook(allowed: bool, client: ClientInfo, action: str, topic: str) -> Stop | None:
+    """client.authorize's built-in callback: what the client's ACL denies ends the
+    chain denied; what it allows, later callbacks (plugins) may still deny."""
+    acl = client.acl
+    if acl is None or (acl.can_publish(topic) if action == "publish" else acl.can_subscribe(topic)):
+        return None
+    return Stop(False)
 
 
 def _plain_ip(peer: str) -> str:

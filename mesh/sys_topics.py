@@ -1,6 +1,9 @@
 """`$SYS/broker/...` topics: the broker's own numbers, published retained every
 `sys_interval` seconds (Mosquitto's names where they exist), and `$SYS/mesh/...`: the
-cluster as this node sees it."""
+cluster as this node sees it. And, as a built-in user of the client.connected and
+client.disconnected hook points, one message per event on
+`$SYS/brokers/<node>/clients/<client id>/connected|disconnected` (EMQX's topics; JSON,
+not retained)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,11 @@ from typing import Callable, Mapping, Protocol
 
 import trio
 
+BUILTIN_PRIORITY = 1000  # as the password file and the ACL (mesh.security)
+
 from clock import Clock
+from hooks import HookPoint, Hooks
+from hooks.points import ClientInfo
 from gossip.swim import MemberInfo
 from mesh import __version__
 from mesh.node_metrics import BrokerCounts, retained_counts
@@ -91,7 +98,8 @@ class SysPublisher:
     first round at start-up (0: never)."""
 
     def __init__(self, *, broker: SysBroker, clock: Clock, interval: float, uptime: Callable[[], float],
-                 gossip: MemberList, cluster: ForwardCounts, partitions: PartitionView) -> None:
+                 gossip: MemberList, cluster: ForwardCounts, partitions: PartitionView,
+                 hooks: Hooks | None = None) -> None:
         self.broker = broker
         self.clock = clock
         self.interval = interval
@@ -99,6 +107,26 @@ class SysPublisher:
         self.gossip = gossip
         self.cluster = cluster
         self.partitions = partitions
+        if hooks is not None and interval > 0:
+            hooks.add(HookPoint.CLIENT_CONNECTED, self._on_connected, BUILTIN_PRIORITY, "builtin/sys")
+            hooks.add(HookPoint.CLIENT_DISCONNECTED, self._on_disconnected, BUILTIN_PRIORITY, "builtin/sys")
+
+    def _on_connected(self, _value: None, client: ClientInfo) -> None:
+        self._client_event(client, "connected", {"proto_ver": client.protocol_level, "transport": client.transport})
+
+    def _on_disconnected(self, _value: None, client: ClientInfo, reason: str) -> None:
+        self._client_event(client, "disconnected", {"reason": reason})
+
+    def _client_event(self, client: ClientInfo, event: str, extra: dict[str, object]) -> None:
+        if "+" in client.client_id or "#" in client.client_id:
+            return  # not a topic name level
+        broker = self.broker
+        now = self.clock.wall()
+        body = {"clientid": client.client_id, "username": client.username, "peer": client.peer, "node": client.node,
+                "ts": int(now * 1000), **extra}
+        topic = f"$SYS/brokers/{broker.node_id}/clients/{client.client_id}/{event}"
+        broker.publish(broker.make_message(topic, json.dumps(body).encode(), 0, False, EMPTY_PROPERTIES, None, now),
+                       now, internal=True)
 
     def values(self) -> list[tuple[str, str]]:
         return sys_values(self.broker, self.uptime()) + self.mesh_values()

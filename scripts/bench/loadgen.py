@@ -130,13 +130,18 @@ def throughput(
     sub_port: int | None = None,
     persistent_subs: bool = False,
     before_publish: Callable[[], object] | None = None,
+    payload: bytes | None = None,
 ) -> dict[str, Any]:
     """`topics`: "one" (every publisher on bench/x, subscribers on it) or "per-publisher"
     (bench/in/NN, subscribers on bench/in/+). `sub_port`: subscribers on another node
     than the publishers (cross-node runs); `broker_pid` may then list every node, whose
     CPU is summed. `persistent_subs`: subscribers connect with clean session 0.
-    `before_publish` runs once every subscriber has its SUBACK (e.g. wait for a route)."""
-    payload = _payload()
+    `before_publish` runs once every subscriber has its SUBACK (e.g. wait for a route).
+    `payload`: PAYLOAD_SIZE bytes to publish instead of the default filler (rules.py: JSON)."""
+    if payload is None:
+        payload = _payload()
+    elif len(payload) != PAYLOAD_SIZE:
+        raise ValueError(f"a payload of {PAYLOAD_SIZE} bytes, not {len(payload)}")
     if topics == "one":
         pub_topics = ["bench/x"] * publishers
         sub_filter = "bench/x"

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import cluster
 import loadgen
 import persistence
+import rules
 
 RunFn = Callable[[int, int, bool], dict[str, Any]]  # (port, broker pid, quick) -> measurements
 
@@ -122,6 +123,15 @@ PERSIST_METRICS = (
     Metric("lost", "lost (all runs)", False),
     Metric("puback_missing", "PUBACKs missing", False),
 )
+RULE_METRICS = (
+    Metric("plain_msgs_per_s", "no rule: delivered msg/s", True),
+    Metric("rule_msgs_per_s", "one rule: delivered msg/s", True),
+    Metric("ratio", "rule / no rule (msg/s)", True, "{:.2f}"),
+    Metric("plain_cpu_us_per_msg", "no rule: broker CPU µs/msg", False, "{:.1f}"),
+    Metric("rule_cpu_us_per_msg", "one rule: broker CPU µs/msg", False, "{:.1f}"),
+    Metric("cpu_ratio", "rule / no rule (CPU µs/msg)", False, "{:.2f}"),
+    Metric("lost", "lost", False),
+)
 CROSS_METRICS = (
     Metric("single_msgs_per_s", "one node: delivered msg/s", True),
     Metric("cross_msgs_per_s", "A→B: delivered msg/s", True),
@@ -169,4 +179,6 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              None, CROSS_METRICS, headline="ratio", tags=("cluster",), own_brokers=_cross(0)),
     Scenario("cross-qos1", "fan-in 10→1 QoS 1, publishers on node A, subscriber on node B, vs one node",
              None, CROSS_METRICS, headline="ratio", tags=("cluster",), own_brokers=_cross(1)),
+    Scenario("rule-qos0", "fan-in 10→1 QoS 0, JSON payloads, with one rule (3-field SELECT, WHERE on the payload) vs none",
+             None, RULE_METRICS, headline="ratio", tags=("rules",), own_brokers=rules.run_rule_scenario),
 )}

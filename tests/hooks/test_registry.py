@@ -74,3 +74,35 @@ async def test_run_publish_changes_awaits_and_drops() -> None:
     assert await hooks.run_publish(_msg(b"drop")) is None
     out = await hooks.run_publish(_msg(b"keep"))
     assert out is not None and out.payload == b"KEEP"
+
+
+async def test_start_publish_awaits_only_from_the_first_callback_that_answers_an_awaitable() -> None:
+    from hooks.registry import PendingPublish
+
+    hooks = Hooks()
+    order: list[str] = []
+
+    def sync_tag(msg: Message) -> Message:
+        order.append("sync")
+        return Message(msg.topic, msg.payload + b"+s", msg.qos, msg.retain, msg.properties)
+
+    async def slow(msg: Message) -> Message:
+        order.append("async")
+        await trio.sleep(0)
+        return Message(msg.topic, msg.payload + b"+a", msg.qos, msg.retain, msg.properties)
+
+    def maybe_async(msg: Message) -> object:
+        order.append("maybe")
+        return None  # answers at once: no await for this one
+
+    hooks.add(HookPoint.MESSAGE_PUBLISH, sync_tag, priority=3, name="sync")
+    hooks.add(HookPoint.MESSAGE_PUBLISH, maybe_async, priority=2, name="maybe")
+    started = hooks.start_publish(_msg(b"m"))
+    assert isinstance(started, Message) and started.payload == b"m+s"  # no awaitable: done synchronously
+    hooks.add(HookPoint.MESSAGE_PUBLISH, slow, priority=1, name="async")
+    hooks.add(HookPoint.MESSAGE_PUBLISH, sync_tag, priority=0, name="sync-after")
+    order.clear()
+    pending = hooks.start_publish(_msg(b"m"))
+    assert isinstance(pending, PendingPublish) and order == ["sync", "maybe"]  # the coroutine runs when awaited
+    out = await hooks.finish_publish(pending)
+    assert out is not None and out.payload == b"m+s+a+s" and order == ["sync", "maybe", "async", "sync"]
