@@ -84,7 +84,8 @@ def test_bad_rules_are_refused_and_nothing_running_changes(node: RunningNode) ->
          "rule hot: cannot parse the rule's SQL at line 1, column 31: Expected table name but got 'WHERE'"),
         ({**ALERT_RULE, "sql": 'SELECT frobnicate(topic) FROM "a/#"'}, "rule hot: unknown function frobnicate at line 1, column 8"),
         ({**ALERT_RULE, "sql": 'SELECT nope FROM "a/#"'}, "rule hot: unknown field nope at line 1, column 8"),
-        ({**ALERT_RULE, "actions": [{"type": "webhook", "url": "http://127.0.0.1:1/"}]}, "rule hot: action type 'webhook' is not available"),
+        ({**ALERT_RULE, "actions": [{"type": "kafka", "topic": "t"}]}, "rule hot: action type 'kafka' is not available"),
+        ({**ALERT_RULE, "actions": [{"type": "webhook", "url": "ftp://x"}]}, "rule hot: action 1 (webhook): url: a webhook needs"),
         ({**ALERT_RULE, "actions": [{"type": "republish"}]}, "rule hot: action 1 (republish): republish action: topic is required"),
         ({"id": "x y", "sql": "SELECT 1"}, "rule id 'x y': 1..128 of [A-Za-z0-9_.-] is required"),
     ]
