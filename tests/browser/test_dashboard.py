@@ -193,6 +193,9 @@ def test_a_cluster_setting_changed_on_the_config_page_spreads_to_every_node(clus
                  .get("value") == 4321, what=f"{node.node_id} has the new value")
     wait_until(browser, lambda: "cluster (from n0)" in text(browser, "config"), "the source shown as cluster")
     browser.save_screenshot(str(screens / "config.png"))
+    open_page(browser, cluster[2], "config")  # and n2's page shows it came from n0
+    wait_until(browser, lambda: ["max_queued_messages", "4321", "cluster (from n0)"] in
+               [row[:3] for row in cells(browser, "config")], "the value on n2's page")
 
 
 def test_the_websocket_panel_publishes_to_paho_and_receives_from_paho(cluster, browser, screens):
