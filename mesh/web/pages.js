@@ -290,6 +290,7 @@ export const PAGES = [
   { id: "routes", title: "Routes", render: routesPage },
   { id: "config", title: "Config", render: configPage },
   { id: "websocket", title: "WebSocket client", render: websocketPage },
+  { id: "rules", title: "Rules", render: featurePage("Rules", "/api/v1/rules") },
   { id: "bridges", title: "Bridges", render: featurePage("Bridges", "/api/v1/bridges") },
   { id: "delayed", title: "Delayed", render: featurePage("Delayed messages", "/api/v1/delayed") },
 ];

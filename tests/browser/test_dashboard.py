@@ -235,6 +235,19 @@ def test_the_websocket_panel_publishes_to_paho_and_receives_from_paho(cluster, b
     assert console_errors(browser) == []
 
 
+def test_the_rules_page_lists_a_rule_and_inspects_it(cluster, browser, screens):
+    rule = {"id": "dash-rule", "sql": 'SELECT payload FROM "plant/#"',
+            "actions": [{"type": "republish", "topic": "seen/${topic}", "payload": "${payload}"}]}
+    status, body = request_json(cluster[0].http_addr, "POST", "/api/v1/rules", rule)
+    assert status == 201, body
+    open_page(browser, cluster[0], "rules")
+    wait_until(browser, lambda: any(row[0] == "dash-rule" for row in cells(browser, "features")), "the rule listed")
+    wait_until(browser, lambda: click(browser, By.LINK_TEXT, "dash-rule"), "a click on the rule")
+    wait_until(browser, lambda: 'SELECT payload FROM \\"plant/#\\"' in text(browser, "feature-detail"), "the rule inspected")
+    browser.save_screenshot(str(screens / "rules.png"))
+    assert request_json(cluster[0].http_addr, "DELETE", "/api/v1/rules/dash-rule")[0] == 200
+
+
 def test_the_bridges_page_lists_a_bridge_and_inspects_it(cluster, browser, screens):
     bridge = {"id": "to-n1", "type": "mqtt", "url": f"mqtt://127.0.0.1:{cluster[1].port}", "egress": ["plant/#"]}
     status, body = request_json(cluster[0].http_addr, "POST", "/api/v1/bridges", bridge)
