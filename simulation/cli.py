@@ -41,6 +41,9 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="RNG seed: same seed, same run")
     p.add_argument("--crash", type=int, default=0, help="number of nodes that crash")
     p.add_argument("--crash-at", type=float, default=20.0, help="virtual time of the crash")
+    p.add_argument("--restart-after", type=_positive, default=None, metavar="SECONDS",
+                   help="the crashed nodes start again this long after their crash (a new gossip machine "
+                        "joining through a live member, as a restarted node)")
     p.add_argument("--stall", type=_fraction, default=0.0, help="fraction of nodes whose event loop stalls 0.2-2 s now and then")
     p.add_argument("--broadcasts-per-s", type=float, default=0.0, help="user broadcasts per virtual second (random origins)")
     p.add_argument("--partition", help='two sides "A|B" as node index ranges, e.g. "0-49|50-99"')
@@ -75,6 +78,10 @@ def simulate_main(argv: list[str]) -> int:
     if args.crash < 0 or args.crash >= args.nodes:
         print("meshd simulate: --crash must be between 0 and nodes-1", file=sys.stderr)
         return 2
+    late = schedule_problem(args)
+    if late:
+        print(f"meshd simulate: {late}", file=sys.stderr)
+        return 2
     partition = None
     if args.partition:
         try:
@@ -104,6 +111,7 @@ def simulate_main(argv: list[str]) -> int:
         seed=args.seed,
         crash=args.crash,
         crash_at=args.crash_at,
+        restart_after=args.restart_after,
         stall=args.stall,
         broadcasts_per_s=args.broadcasts_per_s,
         partition=partition,
@@ -117,6 +125,31 @@ def simulate_main(argv: list[str]) -> int:
     summary = run_to(Path(args.out), params, progress=None if args.no_progress else sys.stderr)
     print(_summary_line(summary))
     return 0
+
+
+def schedule_problem(args: argparse.Namespace) -> str | None:
+    """Why the run's schedule cannot happen as asked (an event at or after the end,
+    a heal before its cut, an option that needs another), or None."""
+    end = args.seconds
+    events: list[tuple[str, float]] = []
+    if args.crash:
+        events.append(("--crash-at", args.crash_at))
+        if args.restart_after is not None:
+            events.append(("the restart (--crash-at + --restart-after)", args.crash_at + args.restart_after))
+    elif args.restart_after is not None:
+        return "--restart-after needs --crash"
+    if args.partition:
+        events.append(("--partition-at", args.partition_at))
+        if args.heal_at is not None:
+            if args.heal_at <= args.partition_at:
+                return f"--heal-at {args.heal_at:g} is not after --partition-at {args.partition_at:g}"
+            events.append(("--heal-at", args.heal_at))
+    elif args.heal_at is not None:
+        return "--heal-at needs --partition"
+    for what, at in events:
+        if not 0 <= at < end:
+            return f"{what} {at:g} falls outside the run (--seconds {end:g}): it would never happen"
+    return None
 
 
 def cluster_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,7 @@ from gossip.swim import Swim, frame_body
 from gossip.trace import NullTraceWriter, TraceWriter
 from netsplit.detector import PartitionDetected, PartitionDetector, PartitionHealed, detector_for
 from netsplit.records import trace_fields
+from simulation.truth import GroundTruth
 
 PORT = 7946
 
@@ -47,6 +48,7 @@ _HEAL = 9
 _PROGRESS = 10
 _JOIN = 11
 _DETECT = 12
+_RESTART = 13
 
 
 @dataclass
@@ -59,6 +61,7 @@ class SimParams:
     seed: int = 1
     crash: int = 0
     crash_at: float = 20.0
+    restart_after: float | None = None  # crashed nodes start again this long after their crash
     stall: float = 0.0  # fraction of nodes that stall now and then
     stall_min: float = 0.2
     stall_max: float = 2.0
@@ -194,7 +197,9 @@ class Simulation:
         self._heap: list[tuple] = []
         self._seq = 0
         self.nodes: list[Swim] = []
-        self.crashed_at: dict[int, float] = {}
+        self.crashed_at: dict[int, float] = {}  # nodes down now -> since
+        self.crash_log: dict[int, float] = {}  # every node that crashed -> when (first crash)
+        self.restarted_at: dict[int, float] = {}
         self.stalled: dict[int, float] = {}  # node -> stall start
         self.stall_log: dict[int, list[tuple[float, float]]] = {}
         self._pending: dict[int, list[tuple]] = {}
@@ -239,6 +244,8 @@ class Simulation:
         self.broadcasts: dict[str, tuple[float, str]] = {}
         self.bcast_seen: dict[str, dict[str, float]] = {}
         self._link_base: dict[tuple[int, int], float] = {}
+        self.out_dir = out
+        self.truth = GroundTruth(partition_grace_s=self.dead_bound())
 
     # ------------------------------------------------------------------ setup
 
@@ -263,6 +270,9 @@ class Simulation:
             victims = self.rng.sample(range(p.nodes), p.crash)
             for v in victims:
                 self._push(p.crash_at, _CRASH, v)
+                if p.restart_after is not None and p.crash_at + p.restart_after <= p.seconds:
+                    self._push(p.crash_at + p.restart_after, _RESTART, v)
+                    self.restarted_at[v] = p.crash_at + p.restart_after  # scheduled
         if p.stall > 0:
             count = max(1, round(p.stall * p.nodes))
             for v in self.rng.sample(range(p.nodes), count):
@@ -276,6 +286,8 @@ class Simulation:
             for i in b:
                 self.side[i] = 1
             self._push(p.partition_at, _PARTITION)
+            self.truth.sides = ([self.names[i] for i in a], [self.names[i] for i in b])
+            self.truth.partition_at, self.truth.heal_at = p.partition_at, p.heal_at
             if p.heal_at is not None:
                 self._push(p.heal_at, _HEAL)
         if self.progress is not None:
@@ -368,6 +380,14 @@ class Simulation:
                     continue
                 self._detect(i, subj, ev.member, ev.state, now)
                 crashed = subj in self.crashed_at
+                if ev.state == DEAD and ev.origin == name and ev.hops == 0:
+                    restart = self.restarted_at.get(subj)
+                    heal = self.p.heal_at
+                    across = self._across(ev.origin, subj) and (heal is None or now <= heal + self.truth.partition_grace_s)
+                    self.truth.declared(ev.event_id, down=crashed, comes_back=restart is not None and restart > now,
+                                        across=across)
+                if ev.state == DEAD and crashed:
+                    self.truth.dead_recorded(name, ev.member, ev.ts_us / 1e6)
                 if ev.state in (DEAD, LEFT):
                     if crashed:
                         self.dead_seen.setdefault(ev.member, {}).setdefault(name, now)
@@ -446,7 +466,7 @@ class Simulation:
         return sa is not None and sb is not None and sa != sb
 
     def _was_unhealthy(self, j: int, start: float, end: float) -> bool:
-        c = self.crashed_at.get(j)
+        c = self.crash_log.get(j)
         if c is not None and c <= end:
             return True
         if j in self.stalled:
@@ -532,6 +552,8 @@ class Simulation:
         self.cpu_seconds = self.cpu_clock() - cpu0
         for w in self.writers:
             w.close()
+        if self.out_dir is not None:
+            self.truth.write(self.out_dir)
         if self.progress is not None:
             self.progress.write("\n")
             self.progress.flush()
@@ -542,7 +564,10 @@ class Simulation:
         p = self.p
         if kind == _CRASH:
             (i,) = args
+            up = {self.names[j] for j in range(p.nodes) if j not in self.crashed_at}
+            self.truth.crashed(self.names[i], t, self.restarted_at.get(i), up)
             self.crashed_at[i] = t
+            self.crash_log.setdefault(i, t)
             self.stalled.pop(i, None)
             self.writers[i].emit(ts_us=int(t * 1e6), kind="node_crash", subject=self.names[i], sim=True)
         elif kind == _STALL:
@@ -584,6 +609,8 @@ class Simulation:
             self.partitioned = True
         elif kind == _HEAL:
             self.partitioned = False
+        elif kind == _RESTART:
+            self._restart(args[0])
         elif kind == _JOIN:
             (i,) = args
             self.nodes[i].join([(self.names[0], PORT)], t)
@@ -599,6 +626,26 @@ class Simulation:
             if t + 1.0 <= p.seconds:
                 self._push(t + 1.0, _PROGRESS)
 
+    def _restart(self, i: int) -> None:
+        """A crashed node starts again: a new gossip machine (incarnation 0, as a real
+        node's) and a new detector, joining through a live member; it learns that it
+        was held dead and refutes that."""
+        t = self.now
+        name = self.names[i]
+        self.crashed_at.pop(i, None)
+        self._pending.pop(i, None)
+        self._timer_at[i] = self._detect_at[i] = None
+        self._far_dead[i] = self._not_alive[i] = 0
+        sw = Swim(name, (name, PORT), now=t, rng=random.Random(node_seed(self.p.seed, i) ^ 0x5EED), config=self.cfg)
+        self.nodes[i] = sw
+        self.detectors[i] = detector_for(name, self.cfg)
+        self.writers[i].emit(ts_us=int(t * 1e6), kind="node_start", subject=name, incarnation=0, sim=True)
+        sw.events()  # its own start-up alive is not an observation (as at time 0)
+        live = [j for j in range(self.p.nodes) if j not in self.crashed_at and j != i]
+        if live:
+            sw.join([(self.names[self.rng.choice(live)], PORT)], t)
+        self._flush(i)
+
     def _draw_progress(self) -> None:
         assert self.progress is not None
         width = 30
@@ -609,7 +656,7 @@ class Simulation:
 
     def _result(self, wall: float) -> SimResult:
         p = self.p
-        live = [i for i in range(p.nodes) if i not in self.crashed_at]
+        live = [i for i in range(p.nodes) if i not in self.crash_log]  # up throughout
         live_names = {self.names[i] for i in live}
         latencies: list[float] = []
         expected = reached = 0
@@ -636,7 +683,7 @@ class Simulation:
             bandwidth_per_node_bps=total / p.nodes / p.seconds if p.seconds else 0.0,
             max_bandwidth_per_node_bps=max(per_node),
             stream_bandwidth_per_node_bps=self.stream_bytes / p.nodes / p.seconds if p.seconds else 0.0,
-            crashed={self.names[i]: t for i, t in self.crashed_at.items()},
+            crashed={self.names[i]: t for i, t in self.crash_log.items()},
             dead_seen=self.dead_seen,
             false_dead=self.false_dead,
             partition_dead=self.partition_dead,

@@ -18,16 +18,16 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import dissemination, failures, handoffs, lifetimes, partitions, summary
+from . import dissemination, failures, handoffs, lifetimes, partitions, summary, truth_check
 from .errors import ReportError
 from .load import load_traces
-from .render import PlotData, render_report
-from .stats import APPROX_ACCURACY, EXACT_LIMIT, Method, choose_method, one_row
+from .render import PlotData, Timeline, render_report
+from .stats import APPROX_ACCURACY, EXACT_LIMIT, Method, choose_method
 
 FORMATS = ("html", "json", "csv", "parquet")
 DEFAULT_FORMATS = ("html", "json", "csv")
 PLOT_EVENT_LIMIT = 200_000  # events collected for the CDF; sampled above this
-STAGES = 8
+STAGES = 9
 
 
 @dataclass
@@ -79,7 +79,8 @@ class _Stages:
         result = fn()
         dt = time.perf_counter() - t0
         self.timings[name] = round(dt, 3)
-        self.progress(f"meshd report: [{self.n}/{STAGES}] {name} ({dt:.1f} s)")
+        done = round(100 * self.n / STAGES)
+        self.progress(f"meshd report: [{self.n}/{STAGES}] {done:3d}% {name} ({dt:.1f} s)")
         return result
 
 
@@ -130,14 +131,12 @@ def _run(
         life = lifetimes.node_lifetimes(traces, crash_grace_us).cache()
         heads = dissemination.alive_counts(traces, life).cache()
         obs = dissemination.observations(traces, life, heads).cache()
-        span = one_row(traces.agg(
-            F.min("ts_us"), F.max("ts_us"), F.max(F.col("sim").cast("int"))
-        ))
         facts = {
-            "nodes": life.count(),
+            "nodes": life.select("node").distinct().count(),
             "observations": obs.count(),  # materializes the cache inside this stage
-            "time_span_s": (span[1] - span[0]) / 1e6,
-            "sim": bool(span[2]),
+            "time_span_s": (loaded.end_ts_us - loaded.start_ts_us) / 1e6,
+            "start_ts_us": loaded.start_ts_us,
+            "sim": loaded.sim,
         }
         return life, obs, heads, facts
 
@@ -152,25 +151,31 @@ def _run(
 
     arrays, events, dissem_summary, ev_method = stages.run("dissemination", dissem)
 
-    def detect() -> tuple[DataFrame, DataFrame, dict[str, Any], dict[str, Any]]:
-        crashed = lifetimes.crashes(life)
-        det = failures.detection(traces, life, crashed).cache()
-        fp = failures.false_positives(traces).cache()
-        method = choose_method(det, limit=exact_limit)
-        return det, fp, summary.detection_summary(det, method), summary.false_positive_summary(fp)
-
-    det, fp, det_summary, fp_summary = stages.run("crash detection and false positives", detect)
-
-    def lag_and_partitions() -> tuple[DataFrame, DataFrame, list, dict[str, Any], Method]:
-        lag_method = choose_method(obs, ["node"], limit=exact_limit)
-        lag = dissemination.per_node_lag(obs, lag_method).cache()
+    def parts() -> tuple[DataFrame, dict[str, Any]]:
         episodes = partitions.partition_episodes(traces).cache()
         part_method = choose_method(episodes, limit=exact_limit)
-        return lag, episodes, summary.lag_summary(lag), summary.partition_summary(episodes, part_method), lag_method
+        return episodes, summary.partition_summary(episodes, part_method)
 
-    lag, episodes, lag_top, part_summary, lag_method = stages.run(
-        "per-node lag and partitions", lag_and_partitions
-    )
+    episodes, part_summary = stages.run("partitions", parts)
+
+    def detect() -> tuple[DataFrame, DataFrame, DataFrame, dict[str, Any], dict[str, Any], dict[str, Any]]:
+        crashed = lifetimes.crashes(life)
+        det = failures.detection(traces, life, crashed).cache()
+        classified = failures.declarations(traces, life, episodes).cache()
+        fp = failures.false_positives(classified)
+        method = choose_method(det, limit=exact_limit)
+        return (det, classified, fp, summary.detection_summary(det, method),
+                summary.false_positive_summary(fp), summary.declaration_summary(classified))
+
+    det, classified, fp, det_summary, fp_summary, decl_summary = stages.run(
+        "crash detection and declarations", detect)
+
+    def lag_stage() -> tuple[DataFrame, list, Method]:
+        lag_method = choose_method(obs, ["node"], limit=exact_limit)
+        lag = dissemination.per_node_lag(obs, lag_method).cache()
+        return lag, summary.lag_summary(lag), lag_method
+
+    lag, lag_top, lag_method = stages.run("per-node lag", lag_stage)
 
     def sessions() -> tuple[DataFrame, dict[str, Any]]:
         moves = handoffs.handoffs(traces).cache()
@@ -182,12 +187,14 @@ def _run(
         "nodes": facts["nodes"],
         "events": loaded.rows,
         "time_span_s": summary.json_number(facts["time_span_s"]),
+        "start_ts_us": facts["start_ts_us"],  # the run's start: figures count seconds from here
         "observations": facts["observations"],
         "sim": facts["sim"],
         "input": {"paths": list(paths), "files": loaded.files, "bad_lines": loaded.bad_lines},
         "dissemination": dissem_summary,
         "detection": det_summary,
         "false_positives": fp_summary,
+        "declarations": decl_summary,
         "partitions": part_summary,
         "handoffs": handoff_summary,
         "per_node_lag": lag_top,
@@ -201,6 +208,10 @@ def _run(
         },
     }
 
+    checked = truth_check.check(result_summary, paths)
+    if checked is not None:
+        result_summary["truth_check"] = checked
+
     def tables() -> None:
         nodes = life.join(lag, "node", "left").orderBy("node")
         frames = {
@@ -208,6 +219,7 @@ def _run(
             "nodes": nodes,
             "crashes": det.orderBy("crash_ts_us", "member"),
             "false_positives": fp.orderBy("ts_us", "member"),
+            "declarations": classified.orderBy("ts_us", "event_id"),
             "partitions": episodes.orderBy("detected_ts_us", "node"),
             "handoffs": moves.orderBy("ts_us", "client_id"),
         }
@@ -228,13 +240,34 @@ def _run(
             return
         plots = collect_plot_data(arrays, events, det)
         plots.lag = lag_top
-        html_path = render_report(result_summary, plots, out)
+        plots.timeline = collect_timeline(classified, episodes, det, facts["start_ts_us"])
+        html_path = render_report(result_summary, plots, out, formats)
         written.extend(sorted(out.glob("*.png")) + [html_path])
 
     stages.run("plots and html", page)
-    for df in (traces, life, obs, heads, arrays, events, det, fp, lag, episodes, moves):
+    for df in (traces, life, obs, heads, arrays, events, det, classified, lag, episodes, moves):
         df.unpersist()
     return ReportResult(result_summary, out, written, stages.timings)
+
+
+def collect_timeline(classified: DataFrame, episodes: DataFrame, det: DataFrame, start_us: int) -> Timeline:
+    """Declarations per class and second, crashes, restarts and partitions, in seconds
+    from the run's start (aggregated in Spark: a few rows per second of the run)."""
+    tl = Timeline()
+    sec = F.floor((F.col("ts_us") - F.lit(start_us)) / 1e6).cast("long")
+    for r in classified.groupBy(sec.alias("s"), "class").count().collect():
+        tl.declarations.setdefault(r["class"], {})[int(r["s"])] = int(r["count"])
+    for r in det.select("member", "crash_ts_us", "restart_ts_us").collect():
+        tl.crashes.append((r["member"], (r["crash_ts_us"] - start_us) / 1e6,
+                           None if r["restart_ts_us"] is None else (r["restart_ts_us"] - start_us) / 1e6))
+    # a crash is a partition of one to the detector: shade only groups of two or more
+    span = episodes.filter(F.size(F.split("peers", ",")) > 1).agg(
+        F.min("detected_ts_us"), F.max("healed_ts_us"), F.count(F.lit(1)), F.count("healed_ts_us")
+    ).first()
+    if span is not None and span[2]:
+        tl.partition = ((span[0] - start_us) / 1e6,
+                        None if span[1] is None or span[3] < span[2] else (span[1] - start_us) / 1e6)
+    return tl
 
 
 def collect_plot_data(arrays: DataFrame, events: DataFrame, det: DataFrame) -> PlotData:

@@ -39,6 +39,15 @@ class Inputs:
     def count(self) -> int:
         return len(self.json_paths) + len(self.parquet_paths)
 
+    def local_bytes(self) -> int | None:
+        """Total size of the input files, None when some are remote (Spark lists those)."""
+        total = 0
+        for path in self.json_paths + self.parquet_paths:
+            if _URI.match(path):
+                return None
+            total += Path(path).stat().st_size
+        return total
+
 
 @dataclass
 class Loaded:
@@ -46,6 +55,9 @@ class Loaded:
     rows: int
     bad_lines: int
     files: int
+    start_ts_us: int = 0  # first and last valid record (the same pass as the counts)
+    end_ts_us: int = 0
+    sim: bool = False
 
 
 def _classify(name: str) -> str | None:
@@ -199,7 +211,9 @@ def load_traces(
     if json_paths:
         flagged = flagged.cache()
     counts = one_row(flagged.agg(
-        F.count(F.lit(1)).alias("total"), F.sum(F.col("_bad").cast("long")).alias("bad")
+        F.count(F.lit(1)).alias("total"), F.sum(F.col("_bad").cast("long")).alias("bad"),
+        F.min("ts_us").alias("start"), F.max("ts_us").alias("end"),
+        F.max(F.coalesce(F.col("sim"), F.lit(False)).cast("int")).alias("sim"),
     ))
     total, bad_lines = int(counts["total"]), int(counts["bad"] or 0)
     if total == 0:
@@ -221,4 +235,5 @@ def load_traces(
             f"{', '.join(paths)}: no valid trace lines ({bad_lines} bad line(s) skipped)"
         )
     traces = flagged.filter(~F.col("_bad")).select(*TRACE_SCHEMA.fieldNames())
-    return Loaded(traces=traces, rows=total - bad_lines, bad_lines=bad_lines, files=inputs.count)
+    return Loaded(traces=traces, rows=total - bad_lines, bad_lines=bad_lines, files=inputs.count,
+                  start_ts_us=int(counts["start"]), end_ts_us=int(counts["end"]), sim=bool(counts["sim"]))

@@ -1,5 +1,7 @@
 """Partition episodes: each ``partition_detected`` paired with the ``partition_healed``
-of the same partition (same ``node`` and ``subject``, the partition id).
+of the same partition (same ``node`` and ``subject``, the partition id).  A partition
+the detector revised (members that joined it late: a second record with the same id
+and ``revision`` 1, 2, ...) is one episode, described by its last record.
 
 Records from ``netsplit`` carry the measurements themselves: ``took_us`` on a
 detection is onset to detection (onset: the first member of the group stopped
@@ -37,21 +39,25 @@ def partition_episodes(traces: DataFrame) -> DataFrame:
     marks = traces.filter(F.col("kind").isin("partition_detected", "partition_healed"))
     w = Window.partitionBy("node").orderBy("ts_us", "kind")
     prev = marks.select("node", "ts_us", F.lag("ts_us").over(w).alias("prev_ts"))
-    detected = (
+    # A detector revises a partition (same id) when members join it late: the last
+    # record of each (node, partition id) is the whole picture.
+    last = (
         marks.filter(F.col("kind") == "partition_detected")
         .join(prev, ["node", "ts_us"])
-        .select(
-            "node",
-            "subject",
-            F.coalesce("peers", "subject").alias("peers"),
-            "majority",
-            F.col("ts_us").alias("detected_ts_us"),
-            F.col("took_us").alias("_took"),
-            F.col("suspicion_us").alias("_susp"),
-            F.coalesce("prev_ts", F.lit(-(2**62))).alias("_since"),
+        .groupBy("node", "subject")
+        .agg(
+            F.max(F.struct(
+                F.col("ts_us").alias("detected_ts_us"),
+                F.coalesce("peers", "subject").alias("peers"),
+                "majority",
+                F.col("took_us").alias("_took"),
+                F.col("suspicion_us").alias("_susp"),
+                F.coalesce("prev_ts", F.lit(-(2**62))).alias("_since"),
+            )).alias("_d"),
+            (F.countDistinct("ts_us") - 1).alias("revisions"),
         )
-        .dropDuplicates(["node", "subject", "detected_ts_us"])
     )
+    detected = last.select("node", "subject", "_d.*", "revisions")
     healed = (
         marks.filter(F.col("kind") == "partition_healed")
         .groupBy("node", "subject")
@@ -121,5 +127,6 @@ def partition_episodes(traces: DataFrame) -> DataFrame:
                 F.col("_susp").isNotNull() & F.col("suspect_to_dead_s").isNotNull(),
                 F.col("suspect_to_dead_s") <= F.col("_susp") / US + BOUND_SLACK_S,
             ).alias("within_bound"),
+            "revisions",
         )
     )

@@ -19,6 +19,47 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 @dataclass
+class Timeline:
+    """The run in seconds from its start: what was declared dead when (per class),
+    crashes and restarts, and the partition's span (first detection to last heal)."""
+
+    declarations: dict[str, dict[int, int]] = field(default_factory=dict)  # class -> second -> count
+    crashes: list[tuple[str, float, float | None]] = field(default_factory=list)  # member, crash, restart
+    partition: tuple[float, float | None] | None = None
+
+
+# Why a section is empty: which records it needs and which runs write them.
+WHY_EMPTY: dict[str, str] = {
+    "dissemination": (
+        "No dissemination events: this needs records with an event_id of kind broadcast, route_add, "
+        "route_del, config_set or member_*. Real nodes write them on every membership, route and config "
+        "change; `meshd simulate` writes them with --broadcasts-per-s, --crash or --partition."
+    ),
+    "detection": (
+        "No crashes: this needs node_crash records (`meshd simulate --crash N`) or, in real traces, a node "
+        "whose lines stop without node_stop more than --crash-grace seconds before the end (or that "
+        "starts again: node_start after a kill)."
+    ),
+    "declarations": (
+        "No death declarations: this needs member_dead records; `meshd simulate --crash N` or "
+        "--partition makes members declare others dead."
+    ),
+    "partitions": (
+        "No partition detected: this needs partition_detected / partition_healed records, written by "
+        "every node's detector when a group of members is lost together (`meshd simulate --partition "
+        "A|B --partition-at T --heal-at T2`; real nodes on a network split; a crash counts as a "
+        "partition of one)."
+    ),
+    "handoffs": (
+        "No session handoff: this needs session_handoff records, written when an MQTT client with a "
+        "persistent session reconnects to another node (real runs, or `meshd simulate --cluster`); "
+        "the gossip-only `meshd simulate` has no MQTT clients."
+    ),
+    "lag": "No observations of other nodes' events: see Dissemination.",
+}
+
+
+@dataclass
 class PlotData:
     """What the plots need, collected from Spark by the job."""
 
@@ -28,6 +69,8 @@ class PlotData:
     first_suspect_s: list[float] = field(default_factory=list)
     all_dead_s: list[float] = field(default_factory=list)
     lag: list[dict[str, Any]] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
+    events: int = 0  # dissemination events in the run
 
 
 def fmt_s(value: float | None) -> str:
@@ -52,10 +95,10 @@ def _empty(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def plot_infection_curve(curve: list[dict[str, Any]], path: Path) -> bytes:
+def plot_infection_curve(curve: list[dict[str, Any]], path: Path, events: int = 0) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 4))
     pts = [c for c in curve if c["p50_s"] is not None]
-    if pts:
+    if pts or any(c["p01_s"] is not None for c in curve):
         ax.plot([c["p50_s"] for c in pts], [c["fraction"] for c in pts], label="median event")
         band = [c for c in curve if c["p01_s"] is not None]
         slow = [c for c in curve if c["p99_s"] is not None]
@@ -72,9 +115,12 @@ def plot_infection_curve(curve: list[dict[str, Any]], path: Path) -> bytes:
             ax.fill_betweenx(shared, [lo[f] for f in shared], [hi[f] for f in shared],
                              alpha=0.15, color="C0", label="p01..p99 band")
         ax.legend(loc="lower right")
+    elif events:
+        _empty(ax, f"{events} dissemination events, but none reached\n{curve[0]['fraction']:.0%} of the "
+                   "nodes alive at its origin" if curve else f"{events} dissemination events, no coverage")
     else:
-        _empty(ax, "no dissemination events")
-    ax.set_xlabel("seconds since origin")
+        _empty(ax, "no dissemination events\n(see the note below)")
+    ax.set_xlabel("seconds since the event's origin")
     ax.set_ylabel("fraction of alive nodes that have seen it")
     ax.set_ylim(0, 1.02)
     ax.set_title("Infection curve")
@@ -95,7 +141,7 @@ def plot_dissemination_cdf(t100_by_kind: dict[str, list[float]], path: Path) -> 
     if drawn:
         ax.legend(loc="lower right")
     else:
-        _empty(ax, "no event reached full coverage")
+        _empty(ax, "no event reached full coverage" if t100_by_kind else "no dissemination events")
     ax.set_xlabel("t100: seconds until every alive node had it")
     ax.set_ylabel("fraction of events")
     ax.set_title("Dissemination time CDF per kind (full-coverage events)")
@@ -116,7 +162,7 @@ def plot_detection(first_suspect: list[float], all_dead: list[float], path: Path
             ax.hist(all_dead, bins=edges, alpha=0.6, label="dead at every live node")
         ax.legend()
     else:
-        _empty(ax, "no crashes")
+        _empty(ax, "no crashes (see the note below)")
     ax.set_xlabel("seconds after the crash")
     ax.set_ylabel("crashes")
     ax.set_title("Crash detection latency")
@@ -140,9 +186,46 @@ def plot_lag(lag: list[dict[str, Any]], path: Path) -> bytes:
     return _save(fig, path)
 
 
-def _table(headers: list[str], rows: list[list[Any]], empty: str) -> str:
+CLASS_COLORS = {"true_detection": "C0", "restart": "C2", "leave": "C7", "partition": "C1",
+                "false_positive": "C3", "unverified": "C5"}
+
+
+def plot_timeline(tl: Timeline, span_s: float, path: Path) -> bytes:
+    """Death declarations per second by class, with crashes, restarts and the
+    partition marked: the whole run at a glance, in seconds from its start."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    bottom: dict[int, int] = {}
+    for cls, per_s in sorted(tl.declarations.items()):
+        xs = sorted(per_s)
+        ax.bar(xs, [per_s[x] for x in xs], width=1.0, align="edge", bottom=[bottom.get(x, 0) for x in xs],
+               color=CLASS_COLORS.get(cls, "C9"), label=f"{cls.replace('_', ' ')} ({sum(per_s.values())})")
+        for x in xs:
+            bottom[x] = bottom.get(x, 0) + per_s[x]
+    for i, (member, crash, restart) in enumerate(tl.crashes):
+        ax.axvline(crash, color="C3", ls="--", lw=1, label="crash" if i == 0 else None)
+        if restart is not None:
+            ax.axvline(restart, color="C2", ls=":", lw=1.2, label="restart" if i == 0 else None)
+    if tl.partition is not None:
+        start, end = tl.partition
+        ax.axvspan(start, end if end is not None else span_s, color="C1", alpha=0.12,
+                   label="partition (first detection to last heal)")
+    if not (tl.declarations or tl.crashes or tl.partition):
+        _empty(ax, "no crashes, declarations or partitions")
+    else:
+        ax.legend(loc="upper right", fontsize="small")
+    ax.set_xlim(0, max(span_s, 1.0))
+    ax.set_xlabel("seconds from the run's start")
+    ax.set_ylabel("member_dead declarations per second")
+    ax.set_title("Timeline: who was declared dead, and why")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _table(headers: list[str], rows: list[list[Any]], empty: str, section: str = "") -> str:
     if not rows:
-        return f"<p class=empty>{html.escape(empty)}</p>"
+        if not empty:
+            return ""  # the section's note says why
+        return f"<p class=empty data-section={html.escape(section or 'none')}>{html.escape(empty)}</p>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows
@@ -156,7 +239,7 @@ h1{margin-bottom:.2em} .sub{color:#666;margin-top:0}
 table{border-collapse:collapse;margin:.5em 0 1.5em}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
 th{background:#f3f3f3} .headline td:first-child{font-weight:600}
-img{max-width:100%} .empty{color:#888}
+img{max-width:100%} .empty{color:#888} figure{margin:1em 0} .rows{font-size:.9em;margin:.2em 0}
 """
 
 
@@ -200,10 +283,44 @@ def headline_rows(summary: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
-    """Write the four PNGs and ``report.html`` (PNGs embedded) into ``out``."""
+def _rows_link(name: str, formats: tuple[str, ...]) -> str:
+    """Where a figure's rows are: the CSV table (or the Parquet folder) beside the page."""
+    if "csv" in formats:
+        target = f"{name}.csv"
+    elif "parquet" in formats:
+        target = f"{name}.parquet/"
+    else:
+        return ""
+    return f'<p class=rows>Rows: <a href="{html.escape(target)}">{html.escape(target)}</a></p>'
+
+
+def _since(ts_us: int | None, start_us: int) -> str:
+    return "n/a" if ts_us is None else f"{(ts_us - start_us) / 1e6:.3f}"
+
+
+def _truth_section(summary: dict[str, Any]) -> str:
+    checked = summary.get("truth_check")
+    if checked is None:
+        return ""
+    rows = [[r["figure"], r["report"] if r["report"] is not None else "n/a",
+             r["truth"] if r["truth"] is not None else "n/a", "ok" if r["ok"] else "DIFFERS"]
+            for r in checked["rows"]]
+    verdict = "agrees with" if checked["ok"] else "DISAGREES with"
+    return f"""<h2 id=truth>Against the simulator's truth</h2>
+<p>The report {verdict} the simulator's ground truth (<code>{html.escape(checked["file"])}</code>).</p>
+{_table(["figure", "report", "simulator's truth", ""], rows, "", "truth")}"""
+
+
+def render_report(
+    summary: dict[str, Any], plots: PlotData, out: Path, formats: tuple[str, ...] = ("html", "json", "csv")
+) -> Path:
+    """Write the PNGs and ``report.html`` (PNGs embedded, each figure linked to the
+    table of rows it was drawn from) into ``out``."""
+    start_us = summary.get("start_ts_us") or 0
     images = {
-        "infection_curve.png": plot_infection_curve(plots.curve, out / "infection_curve.png"),
+        "timeline.png": plot_timeline(plots.timeline, summary["time_span_s"] or 0.0, out / "timeline.png"),
+        "infection_curve.png": plot_infection_curve(plots.curve, out / "infection_curve.png",
+                                                    summary["dissemination"]["events"]),
         "dissemination_cdf.png": plot_dissemination_cdf(
             plots.t100_by_kind, out / "dissemination_cdf.png"
         ),
@@ -213,9 +330,13 @@ def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
         "per_node_lag.png": plot_lag(plots.lag, out / "per_node_lag.png"),
     }
 
-    def img(name: str, alt: str) -> str:
+    def img(name: str, alt: str, rows: str) -> str:
         data = base64.b64encode(images[name]).decode("ascii")
-        return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+        return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+                f"{_rows_link(rows, formats)}</figure>")
+
+    def why(section: str, empty: bool) -> str:
+        return f"<p class=empty data-section={section}>{html.escape(WHY_EMPTY[section])}</p>" if empty else ""
 
     d = summary["dissemination"]
     kind_rows = [
@@ -225,15 +346,24 @@ def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
         for kind, k in d["by_kind"].items()
     ]
     incomplete = ", ".join(f"{k}: {n}" for k, n in sorted(plots.incomplete_by_kind.items()) if n)
+    det = summary["detection"]
+    crash_rows = [
+        [c["member"], _since(c["crash_ts_us"], start_us), c["source"], _since(c["restart_ts_us"], start_us),
+         fmt_s(c["first_suspect_s"]), fmt_s(c["all_dead_s"]), f"{c['declared']}/{c['observers']}"]
+        for c in det.get("list", [])
+    ]
+    decl = summary.get("declarations", {"count": 0, "by_class": {}})
+    decl_rows = [[cls.replace("_", " "), n] for cls, n in decl["by_class"].items()] if decl["count"] else []
     fp = summary["false_positives"]
-    fp_rows = [[r["member"], r["declared_by"], r["ts_us"]] for r in fp["list"]]
+    fp_rows = [[r["member"], r["declared_by"], _since(r["ts_us"], start_us)] for r in fp["list"]]
     handoff_rows = [
         [outcome, v["handoffs"], _ms(v["median_ms"]), _ms(v["p99_ms"]), _ms(v["max_ms"]), v["messages"]]
         for outcome, v in summary.get("handoffs", {}).get("by_outcome", {}).items()
     ]
     part_rows = [
-        [r["node"], r["subject"], r.get("peers") or "", _side(r.get("majority")), r["detected_ts_us"],
-         r["healed_ts_us"] or "not healed", fmt_s(r["detection_s"]), fmt_s(r["heal_s"])]
+        [r["node"], r["subject"], r.get("peers") or "", _side(r.get("majority")), _since(r["detected_ts_us"], start_us),
+         _since(r["healed_ts_us"], start_us) if r["healed_ts_us"] is not None else "not healed",
+         fmt_s(r["detection_s"]), fmt_s(r["heal_s"])]
         for r in summary["partitions"]["list"]
     ]
     side_rows = [
@@ -251,40 +381,62 @@ def render_report(summary: dict[str, Any], plots: PlotData, out: Path) -> Path:
 <style>{_CSS}</style></head><body>
 <h1>meshd convergence report</h1>
 <p class=sub>{html.escape(", ".join(summary["input"]["paths"]))}
- &middot; {summary["input"]["files"]} file(s){" &middot; simulated" if summary["sim"] else ""}</p>
+ &middot; {summary["input"]["files"]} file(s){" &middot; simulated" if summary["sim"] else ""}
+ &middot; times are seconds from the run's start (the first record, ts_us {start_us})</p>
+{_truth_section(summary)}
 <h2>Headline</h2>
 {_table(["metric", "value"], headline_rows(summary), "")}
-<h2>Dissemination</h2>
+<h2 id=timeline>Timeline</h2>
+{img("timeline.png", "timeline of declarations, crashes and partitions", "declarations")}
+<h2 id=dissemination>Dissemination</h2>
 <p>Coverage times count from the origin's timestamp until 50/90/99/100 % of the nodes
-alive at that moment had observed the event (nearest rank).</p>
-{img("infection_curve.png", "infection curve")}
-{img("dissemination_cdf.png", "dissemination CDF per kind")}
+alive at that moment had observed the event (nearest rank). The t50/t90/t99 medians are
+taken over all events, an event that never reached a level counting as slower than any
+(so t50 &le; t90 &le; t99); n/a: more than half the events never reached it.</p>
+{why("dissemination", not d["events"])}
+{img("infection_curve.png", "infection curve", "events")}
+{img("dissemination_cdf.png", "dissemination CDF per kind", "events")}
 <p>Events that never reached full coverage are left out of the CDF{": " + html.escape(incomplete) if incomplete else ""}.</p>
 {_table(["kind", "events", "full coverage", "t50 median", "t90 median", "t99 median",
-         "t100 p99", "hops p50", "hops p99"], kind_rows, "no dissemination events")}
-<h2>Failure detection</h2>
-{img("detection_latency.png", "detection latency histogram")}
-<h2>False positives ({fp["count"]})</h2>
-{_table(["member", "declared dead by", "ts_us"], fp_rows, "no member was declared dead while alive")}
-<h2>Partitions</h2>
+         "t100 p99", "hops p50", "hops p99"], kind_rows, "no dissemination events", "dissemination")}
+<h2 id=detection>Failure detection</h2>
+{why("detection", not det["crashes"])}
+{img("detection_latency.png", "detection latency histogram", "crashes")}
+{_table(["member", "crashed at (s)", "seen as", "restarted at (s)", "first suspect after", "dead everywhere after",
+         "declared / observers"], crash_rows, "no crash", "detection")}
+<h2 id=declarations>Death declarations by class</h2>
+<p>Every member_dead event, classed as in spark_analysis/README.md, "Classification":
+a crash detected (the member came back later: restart), a graceful leave, a member cut
+off by a partition, or a false positive (alive and reachable).</p>
+{why("declarations", not decl["count"])}
+{_table(["class", "declarations"], decl_rows, "", "declarations")}
+{_rows_link("declarations", formats)}
+<h2 id=false-positives>False positives ({fp["count"]})</h2>
+{_table(["member", "declared dead by", "at (s)"], fp_rows, "") if fp_rows else "<p>No member was declared dead while alive and reachable.</p>"}
+<h2 id=partitions>Partitions</h2>
 <p>Detection runs from the onset (the first member of the group stopped answering) to
 the conclusion that the group is lost. Suspect to dead is, for the slowest member of
 the other side, the time from this node's first suspicion of it to marking it dead;
 the target is the suspicion timeout + 3 s. Heal runs from the first contact with the
 other side to one view.</p>
+{why("partitions", not summary["partitions"]["count"])}
 {_table(["side", "detections", "detection p50", "detection p99", "detection max",
          "suspect to dead p50", "suspect to dead max", "within suspicion timeout + 3 s", "healed", "heal p50", "heal p99", "heal max"], side_rows,
-        "no partition detected")}
-{_table(["node", "partition", "other side", "side", "detected_ts_us", "healed_ts_us", "detection", "heal"], part_rows,
-        "no partition detected")}
-<h2>Session handoffs</h2>
+        "", "partitions")}
+{_table(["node", "partition", "other side", "side", "detected at (s)", "healed at (s)", "detection", "heal"], part_rows,
+        "", "partitions")}
+{_rows_link("partitions", formats)}
+<h2 id=handoffs>Session handoffs</h2>
 <p>A client that reconnects to another node: the time from its CONNECT there to its
 session being there (ok), takeovers that fell back because the owner did not answer,
 and copies merged in later.</p>
-{_table(["outcome", "handoffs", "median", "p99", "max", "messages moved"], handoff_rows, "no session handoff")}
-<h2>Slowest nodes</h2>
-{img("per_node_lag.png", "per-node lag")}
-{_table(["node", "observations", "median delay", "p99 delay"], lag_rows, "no observations")}
+{why("handoffs", not handoff_rows)}
+{_table(["outcome", "handoffs", "median", "p99", "max", "messages moved"], handoff_rows, "", "handoffs")}
+{_rows_link("handoffs", formats)}
+<h2 id=lag>Slowest nodes</h2>
+{why("lag", not lag_rows)}
+{img("per_node_lag.png", "per-node lag", "nodes")}
+{_table(["node", "observations", "median delay", "p99 delay"], lag_rows, "", "lag")}
 <p class=sub>Percentiles: over events {html.escape(pct["events"]["method"])},
 per-node lag {html.escape(pct["per_node_lag"]["method"])}, hops exact
 (exact = linear interpolation; approx = percentile_approx, accuracy 10000).</p>

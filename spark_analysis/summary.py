@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from .failures import CLASSES
 from .handoffs import handoff_summary as per_outcome
 from .stats import Method, one_row, pct
 
@@ -46,14 +47,28 @@ def counts_percentile(counts: list[tuple[float, int]], p: float) -> float | None
     return lo if frac == 0 else lo + frac * (value_at(lo_i + 1) - lo)
 
 
+# An event that never reached a level counts as infinitely slow in the medians of
+# t50/t90/t99 (a stand-in far beyond any run; results past NEVER_CUT read as null).
+# Taking every median over the same events keeps them ordered: per event
+# t50 <= t90 <= t99, so the medians are too (medians over only the events that
+# reached each level are not: fewer, faster events reach 90 %).
+NEVER_S = 1e18
+NEVER_CUT_S = 1e9
+
+
+def _reached_median(col: str, ev: Method) -> Column:
+    m = pct(F.coalesce(F.col(col), F.lit(NEVER_S)), 0.5, ev)
+    return F.when(m < NEVER_CUT_S, m)
+
+
 def _dissemination_aggs(ev: Method) -> list:
     full_t100 = F.when(F.col("full_coverage"), F.col("t100_s"))
     event_aggs = [
         F.count(F.lit(1)).alias("events"),
         F.avg(F.col("full_coverage").cast("double")).alias("full_coverage_ratio"),
-        pct("t50_s", 0.5, ev).alias("t50_s_median"),
-        pct("t90_s", 0.5, ev).alias("t90_s_median"),
-        pct("t99_s", 0.5, ev).alias("t99_s_median"),
+        _reached_median("t50_s", ev).alias("t50_s_median"),
+        _reached_median("t90_s", ev).alias("t90_s_median"),
+        _reached_median("t99_s", ev).alias("t99_s_median"),
         pct(full_t100, 0.5, ev).alias("t100_p50"),
         pct(full_t100, 0.9, ev).alias("t100_p90"),
         pct(full_t100, 0.99, ev).alias("t100_p99"),
@@ -107,7 +122,17 @@ def detection_summary(det: DataFrame, method: Method) -> dict[str, Any]:
         F.sum(F.col("all_dead_s").isNull().cast("int")).alias("undetected"),
         F.sum(F.col("first_suspect_s").isNull().cast("int")).alias("never_suspected"),
     ))
+    crashes = det.orderBy("crash_ts_us", "member").limit(LIST_LIMIT).collect()
     return {
+        "list": [
+            {
+                "member": r["member"], "crash_ts_us": int(r["crash_ts_us"]), "source": r["source"],
+                "restart_ts_us": r["restart_ts_us"], "first_suspect_s": json_number(r["first_suspect_s"]),
+                "all_dead_s": json_number(r["all_dead_s"]), "observers": int(r["observers"]),
+                "declared": int(r["declared"]),
+            }
+            for r in crashes
+        ],
         "crashes": int(row["crashes"]),
         "first_suspect_p50_s": json_number(row["first_suspect_p50_s"]),
         "all_dead_p50_s": json_number(row["all_dead_p50_s"]),
@@ -127,6 +152,12 @@ def false_positive_summary(fp: DataFrame) -> dict[str, Any]:
             for r in rows
         ],
     }
+
+
+def declaration_summary(classified: DataFrame) -> dict[str, Any]:
+    """How many ``member_dead`` declarations fell in each class (README, "Classification")."""
+    counts = {r["class"]: int(r["count"]) for r in classified.groupBy("class").count().collect()}
+    return {"count": sum(counts.values()), "by_class": {c: counts.get(c, 0) for c in CLASSES}}
 
 
 def _partition_aggs(method: Method) -> list:

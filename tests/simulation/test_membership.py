@@ -224,3 +224,39 @@ def test_one_or_two_crashes_do_not_sweep_three_at_once_do() -> None:
     assert all(sw.stats.sweep_probes > 0 for sw in live)
     assert r3.false_suspicions == 0 and r3.false_dead == 0
     assert all(len(r3.dead_seen[v]) == 47 for v in r3.crashed)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--partition", "0-5|6-9", "--partition-at", "10", "--heal-at", "80"],
+     "--heal-at 80 falls outside the run (--seconds 60): it would never happen"),
+    (["--crash", "1", "--crash-at", "70"], "--crash-at 70 falls outside the run (--seconds 60)"),
+    (["--crash", "1", "--crash-at", "20", "--restart-after", "45"],
+     "the restart (--crash-at + --restart-after) 65 falls outside the run"),
+    (["--heal-at", "30"], "--heal-at needs --partition"),
+    (["--partition", "0-5|6-9", "--partition-at", "30", "--heal-at", "20"], "--heal-at 20 is not after --partition-at 30"),
+])
+def test_simulate_refuses_a_schedule_that_cannot_happen(tmp_path, capsys, argv, message):
+    from simulation.cli import simulate_main
+
+    out = tmp_path / "sim"
+    assert simulate_main(["--nodes", "10", "--out", str(out), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("meshd simulate: ") and message in err
+    assert not out.exists()  # refused before anything ran
+
+
+def test_a_crashed_node_restarts_and_is_alive_again_everywhere(tmp_path):
+    from simulation.truth import TRUTH_FILE
+
+    sim = Simulation(SimParams(nodes=10, seconds=40, crash=1, crash_at=5, restart_after=10, seed=2), out_dir=tmp_path)
+    r = sim.run()
+    (victim,) = r.crashed
+    assert all(sw.members[victim].state == "alive" for sw in sim.nodes)  # refuted its death, rejoined
+    lines = [json.loads(x) for x in (tmp_path / f"{victim}.jsonl").read_text().splitlines()]
+    assert [x["kind"] for x in lines if x["kind"].startswith("node_")] == ["node_start", "node_crash", "node_start"]
+    truth = json.loads((tmp_path / TRUTH_FILE).read_text())
+    (crash,) = truth["crashes"]
+    assert (crash["node"], crash["crash_s"], crash["restart_s"]) == (victim, 5.0, 15.0)
+    assert crash["declared"] == crash["observers"] == 9 and crash["all_dead_s"] < 15
+    by_class = truth["declarations"]["by_class"]
+    assert by_class["restart"] > 0 and by_class["false_positive"] == by_class["true_detection"] == 0

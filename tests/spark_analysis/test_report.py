@@ -30,6 +30,7 @@ def test_summary_json_headline_numbers(report):
     assert (s["nodes"], s["events"], s["time_span_s"]) == (4, len(SCENARIO), 80.0)
     assert s["dissemination"]["events"] == 8
     assert s["dissemination"]["t50_s_median"] == 0.5
+    assert s["detection"].pop("list")[0]["member"] == "d"
     assert s["detection"] == {
         "crashes": 1, "first_suspect_p50_s": 1.0, "all_dead_p50_s": 7.0,
         "all_dead_p99_s": 7.0, "undetected": 0, "never_suspected": 0,
@@ -68,7 +69,8 @@ def test_tables_are_written(report):
 
 def test_html_and_pngs(report):
     result, out, _ = report
-    pngs = ["infection_curve.png", "dissemination_cdf.png", "detection_latency.png", "per_node_lag.png"]
+    pngs = ["timeline.png", "infection_curve.png", "dissemination_cdf.png", "detection_latency.png",
+            "per_node_lag.png"]
     for name in pngs:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -82,10 +84,16 @@ def test_html_and_pngs(report):
         ("full coverage", "62.5 %"),
     ]:
         assert f"<td>{label}</td><td>{value}</td>" in page
-    assert "<td>c</td><td>b</td><td>50000000</td>" in page  # the false positive row
+    assert "<td>c</td><td>b</td><td>50.000</td>" in page  # the false positive row, seconds from the start
+    # each figure links to the rows it was drawn from
+    for rows in ("declarations.csv", "events.csv", "crashes.csv", "nodes.csv", "partitions.csv", "handoffs.csv"):
+        assert f'<a href="{rows}">' in page and (out / rows).exists()
+    # every section of the scenario has something: no note says why one is empty
+    assert "class=empty" not in page
 
 
 def test_progress_line_per_stage(report):
     _, _, lines = report
     stages = [line for line in lines if line.startswith("meshd report: [")]
-    assert len(stages) == 8 and stages[-1].startswith("meshd report: [8/8]")
+    assert len(stages) == 9 and stages[-1].startswith("meshd report: [9/9] 100% ")
+    assert stages[0].startswith("meshd report: [1/9]  11% load traces")
