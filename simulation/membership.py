@@ -415,11 +415,11 @@ class Simulation:
         det = self.detectors[i]
         prev = det.states.get(member)
         side = self.side[i]
+        view_moved = False
         if self.p.partition is not None:
             if (prev in (None, ALIVE)) != (state == ALIVE):
                 self._not_alive[i] += 1 if state != ALIVE else -1
-                if self._not_alive[i] == 0 and self.p.heal_at is not None and now >= self.p.heal_at:
-                    self.one_view_at[i] = now
+                view_moved = self.p.heal_at is not None and now >= self.p.heal_at
             if side is not None and self.side[j] is not None and side != self.side[j]:
                 if state == SUSPECT and prev in (None, ALIVE):
                     self._far_suspect[(i, j)] = now
@@ -434,6 +434,14 @@ class Simulation:
                 elif prev == DEAD and state != DEAD:
                     self._far_dead[i] -= 1
         self._detected(i, det.member_changed(member, state, now))
+        if view_moved and self._one_view(i):
+            self.one_view_at[i] = now
+
+    def _one_view(self, i: int) -> bool:
+        """Node i holds every member alive but those down now (a crash is no split)."""
+        states = self.detectors[i].states
+        down = sum(1 for j in self.crashed_at if j != i and states.get(self.names[j]) not in (None, ALIVE))
+        return self._not_alive[i] == down
 
     def _detected(self, i: int, evs: list[PartitionDetected | PartitionHealed]) -> None:
         det = self.detectors[i]
@@ -720,7 +728,7 @@ class Simulation:
             }
         if p.heal_at is not None:
             live = [i for i in range(p.nodes) if i not in self.crashed_at]
-            heal = [self.one_view_at[i] - p.heal_at for i in live if i in self.one_view_at and self._not_alive[i] == 0]
+            heal = [self.one_view_at[i] - p.heal_at for i in live if i in self.one_view_at and self._one_view(i)]
             out.update(
                 one_view_nodes=len(heal), live_nodes=len(live),
                 heal_p50_s=_pct(heal, 50), heal_p99_s=_pct(heal, 99), heal_max_s=round(max(heal), 3) if heal else None,

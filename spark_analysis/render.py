@@ -95,10 +95,22 @@ def _empty(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
+def curve_note(curve: list[dict[str, Any]], events: int) -> str | None:
+    """What the infection curve says instead of lines, None when it has lines."""
+    if any(c["p50_s"] is not None or c["p01_s"] is not None for c in curve):
+        return None
+    if not events:
+        return "no dissemination events\n(see the note below)"
+    if not curve:
+        return f"{events} dissemination events, none with a node alive at its origin"
+    return f"{events} dissemination events, but none reached\n{curve[0]['fraction']:.0%} of the nodes alive at its origin"
+
+
 def plot_infection_curve(curve: list[dict[str, Any]], path: Path, events: int = 0) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 4))
     pts = [c for c in curve if c["p50_s"] is not None]
-    if pts or any(c["p01_s"] is not None for c in curve):
+    note = curve_note(curve, events)
+    if note is None:
         ax.plot([c["p50_s"] for c in pts], [c["fraction"] for c in pts], label="median event")
         band = [c for c in curve if c["p01_s"] is not None]
         slow = [c for c in curve if c["p99_s"] is not None]
@@ -115,11 +127,8 @@ def plot_infection_curve(curve: list[dict[str, Any]], path: Path, events: int = 
             ax.fill_betweenx(shared, [lo[f] for f in shared], [hi[f] for f in shared],
                              alpha=0.15, color="C0", label="p01..p99 band")
         ax.legend(loc="lower right")
-    elif events:
-        _empty(ax, f"{events} dissemination events, but none reached\n{curve[0]['fraction']:.0%} of the "
-                   "nodes alive at its origin" if curve else f"{events} dissemination events, no coverage")
     else:
-        _empty(ax, "no dissemination events\n(see the note below)")
+        _empty(ax, note)
     ax.set_xlabel("seconds since the event's origin")
     ax.set_ylabel("fraction of alive nodes that have seen it")
     ax.set_ylim(0, 1.02)

@@ -44,7 +44,7 @@ def build_session(
         # One machine: a few shuffle partitions beat the default 200 tiny tasks.
         builder = builder.config("spark.sql.shuffle.partitions", "8")
     for key, value in (conf or {}).items():
-        if key == "spark.driver.extraJavaOptions":
+        if key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             value = f"{java_opts} {value}".strip()  # keep the quiet-logging option
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

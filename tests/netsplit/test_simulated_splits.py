@@ -132,3 +132,11 @@ def test_members_lost_after_the_first_conclusion_are_reported_in_a_revision():
     assert revised >= 2  # the seed does show the late joiners
     # the simulator counts partitions, not records
     assert len(sim.detections()) == 5
+
+
+def test_a_crash_during_a_split_does_not_keep_the_survivors_from_one_view():
+    # the crashed member stays dead after the heal: the others' view is whole without it
+    sim = Simulation(SimParams(nodes=8, seconds=40, partition=parse_partition("0-4|5-7", 8), partition_at=5,
+                               heal_at=20, crash=1, crash_at=2, seed=3))
+    fig = sim.run().partition
+    assert fig["live_nodes"] == 7 and fig["one_view_nodes"] == 7 and fig["heal_max_s"] < 10

@@ -25,16 +25,27 @@ def simulated(tmp_path_factory):
     return sim_dir
 
 
-def test_report_agrees_with_the_simulators_truth(spark, simulated, tmp_path, capsys):
-    out = tmp_path / "report"
+@pytest.fixture(scope="module")
+def reported(spark, simulated, tmp_path_factory):
+    """`meshd report` on the run, once for the module: (out dir, stderr, exit status)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("report")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        # The simulator's summary.json and truth.json sit beside the traces: not read as traces.
+        status = cli.main([str(simulated), "--out", str(out), "--master", "local[1]"])
+    return out, err.getvalue(), status
+
+
+def test_report_agrees_with_the_simulators_truth(simulated, reported):
+    out, err, status = reported
     truth = json.loads((simulated / "truth.json").read_text())
     (crash,) = truth["crashes"]
     assert crash["restart_s"] == 15.0 and truth["declarations"]["by_class"]["partition"] > 0  # premise
     sim_summary = json.loads((simulated / "summary.json").read_text())
-
-    # The simulator's summary.json and truth.json sit beside the traces: not read as traces.
-    assert cli.main([str(simulated), "--out", str(out), "--master", "local[1]"]) == 0
-    err = capsys.readouterr().err
+    assert status == 0, err
     assert "meshd report: [9/9] 100%" in err and f"open {out.resolve() / 'report.html'}" in err
     assert "against the simulator's truth" in err and "DIFFERS" not in err
     s = json.loads((out / "summary.json").read_text())
@@ -76,3 +87,35 @@ def test_a_report_that_disagrees_with_the_truth_fails_loudly(simulated, tmp_path
     assert "meshd report: error: the report disagrees with the simulator's truth" in err
     assert "false positives: report 0, truth 2" in err and "declarations: false positive" in err
     assert "crash of" in err and err.count("DIFFERS") == 2  # the crash times agree
+
+
+def test_every_percentile_series_is_monotone(reported):
+    s = json.loads((reported[0] / "summary.json").read_text())
+
+    def ordered(*values):
+        got = [v for v in values if v is not None]
+        assert got == sorted(got), values
+
+    d = s["dissemination"]
+    for series in [d, *d["by_kind"].values()]:
+        ordered(series["t50_s_median"], series["t90_s_median"], series["t99_s_median"])
+        ordered(*(series["t100_s"][k] for k in ("p50", "p90", "p99", "max")))
+        ordered(series["hops"]["p50"], series["hops"]["p99"])
+    assert d["by_kind"]["broadcast"]["t99_s_median"] is not None  # there are series to compare
+    for lag in s["per_node_lag"]:
+        ordered(lag["lag_p50_s"], lag["lag_p99_s"], lag["lag_max_s"])
+    det = s["detection"]
+    ordered(det["all_dead_p50_s"], det["all_dead_p99_s"])
+    for part in [s["partitions"], *s["partitions"]["by_side"].values()]:
+        ordered(part["detection_s_p50"], part["detection_s_p99"], part["detection_s_max"])
+        ordered(part["heal_s_p50"], part["heal_s_p99"], part["heal_s_max"])
+
+
+def test_the_infection_curve_never_says_no_events_when_there_are_some():
+    from spark_analysis.render import curve_note
+
+    never = [{"fraction": f / 10, "p01_s": None, "p50_s": None, "p99_s": None} for f in range(1, 11)]
+    assert "no dissemination events" in curve_note(never, 0)
+    note = curve_note(never, 24484)
+    assert note.startswith("24484 dissemination events") and "no dissemination events" not in note
+    assert curve_note([{"fraction": 0.1, "p01_s": 0.1, "p50_s": None, "p99_s": None}], 5) is None
