@@ -53,7 +53,8 @@ from typing import Literal, Sequence
 
 from mesh.auth import file_signature
 from mqtt.errors import TopicFilterInvalid
-from mqtt.topics import parse_shared_subscription, topic_matches, validate_topic_filter
+from mqtt.topics import dollar_blocked as _dollar_blocked
+from mqtt.topics import filter_covers, parse_shared_subscription, topic_matches, validate_topic_filter
 
 __all__ = [
     "Acl",
@@ -85,42 +86,8 @@ class AclError(ValueError):
 
 
 # ---------------------------------------------------------------------------------
-# Filter algebra (pure; tested against brute force over a finite topic universe)
-
-
-def _dollar_blocked(a: str, b: str) -> bool:
-    """[MQTT-4.7.2-1]: a wildcard first level never matches a `$` topic.
-
-    If one filter starts with a wildcard and the other with a literal `$...` level,
-    no topic can match both.
-    """
-    a_wild = a[:1] in ("+", "#") and (len(a) == 1 or a[1] == "/")
-    b_wild = b[:1] in ("+", "#") and (len(b) == 1 or b[1] == "/")
-    return (a_wild and b.startswith("$")) or (b_wild and a.startswith("$"))
-
-
-def filter_covers(outer: str, inner: str) -> bool:
-    """Is every topic name matched by filter `inner` also matched by filter `outer`?"""
-    if _dollar_blocked(outer, inner):
-        return False
-    o = outer.split("/")
-    s = inner.split("/")
-    for i, level in enumerate(o):
-        if level == "#":
-            return True  # covers the parent level and everything below it
-        if i >= len(s):
-            return False
-        sub = s[i]
-        if sub == "#":
-            # Inner matches every suffix from here, the empty one too (the parent
-            # level) unless it is the first level. Outer covers that only if it is
-            # '#' here (checked above) or, at the first level, '+/#' (equal to '#').
-            return i == 0 and o[i:] == ["+", "#"]
-        if level == "+":
-            continue
-        if sub != level:
-            return False  # inner '+' or a different literal
-    return len(s) == len(o)
+# Filter algebra (pure; tested against brute force over a finite topic universe);
+# `filter_covers` lives in `mqtt.topics` (streams use it too).
 
 
 def filters_overlap(a: str, b: str) -> bool:

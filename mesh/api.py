@@ -14,6 +14,7 @@
                                   `cluster_keys`: the settings PUT may change cluster-wide
     GET  /api/v1/config/{key}
     PUT  /api/v1/config/{key}     {"value": ...}: change a cluster-wide setting
+    GET  /api/v1/streams          the durable streams, with this node's counters
     POST /api/v1/clients/{client_id}/kick   disconnect a client wherever it is connected (v5: 0x98)
     GET  /api/v1/clients          clients and their sessions, cluster-wide (paged, filtered)
     GET  /api/v1/clients/{client_id}        one client: connection, session, subscriptions
@@ -101,6 +102,10 @@ class ApiInventory(Protocol):
                             after: str | None = None, limit: int = DEFAULT_LIMIT) -> Page: ...
 
 
+class ApiStreams(Protocol):
+    def describe(self) -> list[dict[str, object]]: ...
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -129,7 +134,8 @@ def _missing(missing: list[Missing]) -> list[dict[str, str]]:
 def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], uptime: Callable[[], float],
                  security: ApiSecurity, broker: ApiBroker, gossip: ApiMembers, partitions: ApiPartitions,
                  cluster: ApiRoutes, config_sync: ApiConfig, metrics: Metrics, inventory: ApiInventory,
-                 node_stats: ApiNodeStats, extra_routes: Sequence[tuple[str, str, Handler]] = ()) -> Router:
+                 node_stats: ApiNodeStats, extra_routes: Sequence[tuple[str, str, Handler]] = (),
+                 streams: ApiStreams | None = None) -> Router:
     """The API's routes; `ports` fills in as the node's listeners bind, `/metrics`
     renders `metrics`. `extra_routes` are (method, path, handler) of other parts
     (`mesh.bridging`), behind the same token check."""
@@ -251,6 +257,9 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
             return error_response(400, str(exc))
         return json_response(page.as_json(limit))
 
+    async def stream_list(request: Request) -> Response:
+        return json_response({"node_id": node_id, "streams": streams.describe() if streams is not None else []})
+
     async def prometheus(request: Request) -> Response:
         return Response(200, metrics.render().encode("utf-8"), CONTENT_TYPE)
 
@@ -267,6 +276,7 @@ def build_router(*, node_id: str, settings: Settings, ports: Mapping[str, int], 
     add("GET", "/api/v1/clients/{client_id}", client)
     add("DELETE", "/api/v1/sessions/{client_id}", discard)
     add("GET", "/api/v1/subscriptions", subscriptions)
+    add("GET", "/api/v1/streams", stream_list)
     add("GET", "/metrics", prometheus)
     for method, path, handler in extra_routes:
         add(method, path, handler)

@@ -36,6 +36,9 @@ from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
 from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions
 from session_store.store import MemoryStore, RecoveredState, SessionStore, StoredSession
+from streams.cursor import ReplaySink
+from streams.request import ReplayRequest
+from streams.service import ReplayOpened
 
 log = logging.getLogger("meshd.broker")
 
@@ -73,6 +76,19 @@ class DelayedIntake(Protocol):
     def accept(self, message: Message, delay: int, now: float) -> object: ...
 
     def refused(self) -> None: ...
+
+
+class StreamHook(Protocol):
+    """The node's durable streams (`streams.service.StreamService`, built before the
+    broker): every message published through this node passes `append`; the clients
+    open replay subscriptions through it."""
+
+    def append(self, msg: Message, now: float) -> Message: ...
+
+    def open_replay(self, sink: ReplaySink, request: ReplayRequest, qos: int,
+                    subscription_ids: tuple[int, ...]) -> ReplayOpened: ...
+
+    def client_gone(self, sink: object) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +158,10 @@ class Broker:
     def __init__(self, limits: BrokerLimits | None = None, *, node_id: str = "meshd", store: SessionStore | None = None,
                  clock: Clock | None = None, mesh: Mesh | None = None,
                  on_timer_change: Callable[[], None] | None = None, rng: random.Random | None = None,
-                 hooks: Hooks | None = None, delayed: DelayedIntake | None = None) -> None:
+                 hooks: Hooks | None = None, delayed: DelayedIntake | None = None,
+                 streams: StreamHook | None = None) -> None:
         self.limits = limits or BrokerLimits()
+        self.streams = streams
         # The hook chains (`hooks/`): every point costs one empty-tuple test while unused.
         self.hooks = hooks if hooks is not None else Hooks()
         # Delayed publish, read by the clients (None: `$delayed/...` is an ordinary topic).
@@ -259,6 +277,8 @@ class Broker:
         """The connection of a session ended (cleanly or not)."""
         # Acks still waiting for a sync are dropped: the client resends those PUBLISHes.
         self.ack_waiters.pop(conn, None)
+        if self.streams is not None:
+            self.streams.client_gone(conn)  # its replays end with it
         session = conn.session
         if session is None or self.connections.get(session.client_id) is not conn:
             return  # never attached, or already taken over by a newer connection
@@ -463,6 +483,8 @@ class Broker:
         nodes it is forwarded to drop a copy they took."""
         if not internal:
             self.stats.messages_in[msg.qos] += 1
+            if self.streams is not None:
+                msg = self.streams.append(msg, now)  # kept (with its position) if it is a stream's
         if msg.retain:
             self._set_retained(msg, persist=not internal)
         mesh = self.mesh

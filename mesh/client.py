@@ -30,11 +30,13 @@ from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
 from mesh.acl import ClientAcl
 from mesh.client_port import PublishCache
 from mesh.limits import TokenBucket
-from mqtt import EMPTY_PROPERTIES, Connect, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, patch_publish
+from mqtt import EMPTY_PROPERTIES, Connect, Properties, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, patch_publish
 from mqtt.server import ConnectRefused, ProtocolViolation, PublishReleased, PublishRepeated, ServerConnection, ServerSettings
 from oplog import Event, log_event
 from routing.links import AckGate
 from session_store.model import NEVER_EXPIRES, Delivery, Message, Session
+from streams.cursor import StreamTap
+from streams.request import REPLAY_PREFIX, ReplayRefused, ReplayRequest, parse_request, real_filter, replay_from
 
 if TYPE_CHECKING:
     from mesh.broker import Broker, BrokerLimits, DelayedIntake
@@ -81,7 +83,7 @@ class Client:
     __slots__ = (
         "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
         "session", "acl", "acl_generation", "closing", "pending_connect", "pending_publish", "_publish_bucket", "_rate_delay",
-        "_pending_acks", "_holds_slot", "close_reason", "_hook_info",
+        "_pending_acks", "_holds_slot", "close_reason", "_hook_info", "replays",
     )
 
     def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
@@ -113,6 +115,8 @@ class Client:
         # None until it ends, and then a lost connection (no DISCONNECT, no close).
         self.close_reason: tuple[str, int | None] | None = None
         self._hook_info: ClientInfo | None = None  # made when a hook first needs it
+        # This client's replay subscriptions (streams), asked about every delivery; None: none.
+        self.replays: StreamTap | None = None
 
     # -------------------------------------------------------------- to the I/O side
 
@@ -342,6 +346,9 @@ class Client:
 
     def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
         """Send one delivery now, or queue it behind the inflight window."""
+        replays = self.replays
+        if replays is not None and replays.intercept(delivery):
+            return  # a replay of its stream holds it until the stored part is delivered
         session = self.session
         assert session is not None
         if delivery.message.expired(now):
@@ -368,6 +375,13 @@ class Client:
         pid = self.machine.allocate_packet_id()
         self.broker.add_inflight(session, pid, delivery)
         self._send_publish(delivery, pid, False, now, cache)
+
+    def replay_has_room(self) -> bool:
+        """Whether a replay may hand this client its next message now (flow control:
+        an inflight window with room, an outbox that is not piling up)."""
+        session = self.session
+        return (session is not None and not self.closing and not session.queued and not self.machine.window_full
+                and self._outbox_bytes < OUTBOX_LIMIT // 4)
 
     def _send_publish(self, d: Delivery, packet_id: int | None, dup: bool, now: float, cache: PublishCache | None) -> None:
         machine = self.machine
@@ -662,6 +676,8 @@ class Client:
                 hooks.notify(HookPoint.MESSAGE_ACKED, self.client_id, entry.delivery.message)
         if self.broker.release_inflight(session, packet_id):
             self._fill_window(now)
+        if self.replays is not None:
+            self.replays.room()
 
     def _on_pubrec(self, p: Pubrec, now: float) -> None:
         session = self.session
@@ -685,15 +701,42 @@ class Client:
         codes: list[int] = []
         retained: list[Delivery] = []
         epoch_before = self.broker.store.write_epoch
+        streams = self.broker.streams
+        asked_from = replay_from(p.properties.user_properties) if p.properties is not EMPTY_PROPERTIES else None
+        reasons: list[str] = []
+        user_properties: list[tuple[str, str]] = []
         for sub in p.subscriptions:
+            request: ReplayRequest | None = None
+            if streams is not None and (asked_from is not None or sub.topic_filter.startswith(REPLAY_PREFIX)):
+                try:
+                    request = parse_request(sub.topic_filter, asked_from)
+                except ReplayRefused as exc:
+                    codes.append(exc.code)
+                    reasons.append(exc.reason)
+                    continue
+                if request is not None:
+                    # Kept under its real filter (routes, ACL); no retained messages: a replay is the stream.
+                    sub = replace(sub, topic_filter=request.topic_filter, retain_handling=2)
             refusal = self._subscribe_refusal(sub.topic_filter) if self.security is not None else None
             if refusal is not None:
                 codes.append(refusal)
                 continue
+            if request is not None and streams is not None:
+                try:
+                    opened = streams.open_replay(self, request, sub.qos, (sub_id,) if sub_id else ())
+                except ReplayRefused as exc:
+                    codes.append(exc.code)
+                    reasons.append(exc.reason)
+                    continue
+                self.replays = opened.tap
+                user_properties.extend(opened.user_properties)
             code, found = self.broker.subscribe(session, sub, sub_id, now)
             codes.append(code)
             retained.extend(found)
-        self._send_ack(self.machine.suback(p.packet_id, codes), epoch_before)
+        properties = EMPTY_PROPERTIES
+        if reasons or user_properties:
+            properties = Properties(reason_string="; ".join(reasons) or None, user_properties=tuple(user_properties))
+        self._send_ack(self.machine.suback(p.packet_id, codes, properties), epoch_before)
         for d in retained:
             self.deliver(d, now)
 
@@ -701,9 +744,13 @@ class Client:
         session = self.session
         assert session is not None
         epoch_before = self.broker.store.write_epoch
+        filters = [real_filter(f) for f in p.topic_filters] if self.broker.streams is not None else list(p.topic_filters)
+        if self.replays is not None:
+            for f in filters:
+                self.replays.remove(f)
         codes = [
             ReasonCode.SUCCESS if self.broker.unsubscribe(session, f) else ReasonCode.NO_SUBSCRIPTION_EXISTED
-            for f in p.topic_filters
+            for f in filters
         ]
         self._send_ack(self.machine.unsuback(p.packet_id, codes), epoch_before)
 

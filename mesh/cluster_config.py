@@ -26,6 +26,7 @@ CLUSTER_KEYS: tuple[str, ...] = (
     "topic_alias_maximum",
     "log_level",
     "acl",  # the ACL file's TOML text, enforced by every node instead of its acl_file
+    "streams",  # the durable streams (canonical JSON of the [[streams]] tables)
 )
 
 

@@ -12,6 +12,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     partition monitor      turns membership changes into partition events
     hooks                  the chains at each point of a client's and a message's life
     mesh port              the route table and links, shared by broker and cluster
+    queries, streams       cluster queries; durable streams (appends, replays, retention)
     broker                 sessions, subscriptions, retained messages, wills
     bridges                MQTT and HTTP targets behind durable cache queues (egress at message.publish)
     delayed runner         publishes delayed messages through the broker when due
@@ -19,7 +20,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
     $SYS publisher         the broker's numbers as retained topics
-    queries, inventory     clients and subscriptions cluster-wide: each member answers for its own
+    inventory              clients and subscriptions cluster-wide: each member answers for its own
     API                    HTTP JSON API and /metrics
     Node                   the listeners and the tasks that run all of the above
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Callable, Mapping
+from typing import Callable, Mapping, TypeVar
 
 from clock import Clock, TrioClock
 from delayed.service import DelayedMessages, DelayedRunner
@@ -66,6 +67,10 @@ from routing.queries import MeshQueries
 from routing.table import RouteTable
 from session_store.rocks import RocksStore, StoreOpenError
 from session_store.store import SessionStore
+from streams.service import StreamService
+from streams.spec import parse_specs
+
+T = TypeVar("T")
 
 # Opens the node's session store, given the doorbell the store rings when it has work.
 StoreOpener = Callable[[Callable[[], None]], SessionStore]
@@ -135,9 +140,17 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # The broker and the cluster share the mesh port (route answers, forwards, route
     # changes), so neither is wired into the other.
     mesh = MeshPort(RouteTable(node_id, route_epoch), gossip)
+    # Cluster queries: each member answers for its own sessions (the inventory) and
+    # serves its part of the streams.
+    queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
+    # Durable streams: the broker appends to them; reads run off the Trio thread
+    # (inline where the committer's writes do: virtual time must not jump meanwhile).
+    streams = StreamService(node_id=node_id, clock=clock, store=store, specs=parse_specs(settings.streams),
+                            recovered_meta=recovered.meta, queries=queries, members=gossip, routes=mesh.table,
+                            offload=_inline if run_write is not None else None)
     timers_changed = Doorbell()
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
-                    on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks, delayed=delayed)
+                    on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks, delayed=delayed, streams=streams)
     broker.restore(recovered, started_at)
     bridges = build_bridges(settings, bridge_tables, node_id=node_id, clock=clock, rng=_child(rng), broker=broker,
                             hooks=hooks, in_memory=open_store is not None, run_write=run_write)
@@ -159,7 +172,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # Config sync lives through its gossip handlers; the API reads and changes it.
     config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,
                              recovered_meta=recovered.meta, security=security,
-                             families={**configure_families(bridges), "rule": rules.apply_cluster})
+                             families={**configure_families(bridges), "rule": rules.apply_cluster}, streams=streams)
 
     def uptime() -> float:
         return clock.wall() - started_at
@@ -173,7 +186,6 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     delayed_metrics(metrics, delayed)
     add_extension_metrics(metrics, hooks=hooks, plugins=plugins, rules=rules)
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
-    queries = MeshQueries(node_id=node_id, cluster_name=settings.cluster_name, gossip=gossip)
     inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
     history = RateHistory(broker=broker, store=store, clock=clock)  # the dashboard's last ten minutes
     api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
@@ -183,13 +195,14 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
                                             store_dir=os.path.join(settings.data_dir, "sessions")),
                        extra_routes=[*bridge_routes(bridges, config_sync), *delayed_routes(delayed),
                                      *rule_routes(node_id=node_id, rules=rules, config_sync=config_sync),
-                                     *plugin_routes(node_id=node_id, plugins=plugins, hooks=hooks)])
+                                     *plugin_routes(node_id=node_id, plugins=plugins, hooks=hooks)],
+                       streams=streams)
 
     return Node(
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api, run_write=run_write, services=(bridges, history, delayed_runner, rules),
+        ports=ports, api=api, run_write=run_write, services=(bridges, history, delayed_runner, rules, streams),
     )
 
 
@@ -229,6 +242,10 @@ def cluster_stream_tls(settings: Settings) -> StreamTls | None:
         key = message.split(" ", 1)[0] if message.startswith("cluster_tls_") else "cluster_tls_cert"
         raise ConfigError(key, message) from None
     return StreamTls(server=server, client=client)
+
+
+async def _inline(fn: Callable[[], T]) -> T:
+    return fn()
 
 
 def _child(rng: random.Random) -> random.Random:

@@ -170,6 +170,27 @@ class Str(Kind):
         return raw
 
 
+@dataclass(frozen=True)
+class StreamList(Kind):
+    """`[[streams]]` tables in TOML, or their JSON list as text (a flag, the
+    environment, `PUT /api/v1/config/streams`); kept as its canonical JSON text, which
+    is also what the cluster-wide register holds."""
+
+    metavar: str = "JSON"
+
+    @property
+    def expected(self) -> str:
+        return 'a list of streams, e.g. [{"filter": "plant/#", "max_age_s": 86400}]'
+
+    def parse(self, key: str, raw: object) -> object:
+        from streams.spec import SpecError, canonical_json, parse_specs
+
+        try:
+            return canonical_json(parse_specs(raw))
+        except SpecError as exc:
+            raise ConfigError(key, str(exc)) from None
+
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -473,6 +494,7 @@ class Settings:
     # -- extensions (README "Hooks and plugins", "Rules") --
     plugins: tuple[str, ...] = _setting((), Names(), "plugins to enable on this node: names of the meshd.plugins entry point group, or module paths (package.module or package.module:attr)")
     rules: tuple[Mapping[str, Any], ...] = _setting((), Tables(), "rules of this node ([[rules]] tables: id, sql, [[rules.actions]]); rules added through the API apply cluster-wide")
+    streams: str = _setting("[]", StreamList(), "durable streams ([[streams]] tables: filter, max_age_s, max_bytes, max_messages, keep): messages on these topic filters are kept in RocksDB for replay (README \"Streams\")")
 
     # Where each value came from (`load_settings` fills it in); not a setting itself.
     origins: Mapping[str, Origin] = field(default_factory=dict, compare=False, repr=False)

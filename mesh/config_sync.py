@@ -86,11 +86,17 @@ class AclHolder(Protocol):
     def set_cluster_acl(self, toml_text: str) -> None: ...
 
 
+class StreamsHolder(Protocol):
+    def set_specs(self, raw: object) -> None: ...
+
+
 class ConfigSync:
     def __init__(self, *, node_id: str, clock: Clock, broker: LimitsHolder, gossip: ConfigGossip, store: MetaStore,
                  trace: Tracer, recovered_meta: Mapping[str, object], security: AclHolder,
-                 families: Mapping[str, Callable[[str, str], None]] | None = None) -> None:
+                 families: Mapping[str, Callable[[str, str], None]] | None = None,
+                 streams: StreamsHolder | None = None) -> None:
         self.node_id = node_id
+        self.streams = streams
         self.clock = clock
         self.security = security
         self.broker = broker
@@ -178,6 +184,9 @@ class ConfigSync:
         elif key == "acl":
             assert isinstance(value, str)  # parse_value checked it
             self.security.set_cluster_acl(value)
+        elif key == "streams":
+            if self.streams is not None:
+                self.streams.set_specs(value)
         elif key == "log_level":
             logging.getLogger().setLevel(str(value).upper())
         elif key in _LIMIT_NAMES:

@@ -165,6 +165,7 @@ def build_parser() -> Parser:
     command(sub, "plugins", "this node's plugins and every hook callback, with their errors")
     command(sub, "routes", "the cluster route table (filter -> nodes)")
     command(sub, "cluster", "members, current partitions (netsplits) and their history")
+    command(sub, "streams", "durable streams, with this node's counts and bytes")
     return p
 
 
@@ -226,6 +227,7 @@ _TABLES: dict[tuple[str, str | None], Callable[[dict[str, Any]], str]] = {
     ("plugins", None): ctl_tables.format_plugins,
     ("routes", None): ctl_tables.format_routes,
     ("cluster", None): ctl_tables.format_cluster,
+    ("streams", None): ctl_tables.format_streams,
 }
 
 
@@ -270,7 +272,7 @@ def _default_action(argv: list[str]) -> list[str]:
             if any(t in _ACTIONS[token] for t in rest) or any(t in ("-h", "--help") for t in rest):
                 return argv
             return argv[:i + 1] + ["list"] + rest
-        if token in ("routes", "cluster", "plugins"):
+        if token in ("routes", "cluster", "plugins", "streams"):
             return argv
     return argv
 

@@ -123,6 +123,15 @@ def format_routes(body: dict[str, Any]) -> str:
                       f"{len(routes)} routes"])
 
 
+def format_streams(body: dict[str, Any]) -> str:
+    streams = body["streams"]
+    rows = [(s["filter"], s["keep"], s["messages"], s["bytes"], s["max_messages"], s["max_bytes"], s["max_age_s"],
+             s["oldest"] or None, s["newest"] or None, s["replays"]) for s in streams]
+    return "\n".join([table(("FILTER", "KEEP", "MESSAGES", "BYTES", "MAX_MESSAGES", "MAX_BYTES", "MAX_AGE_S",
+                              "OLDEST", "NEWEST", "REPLAYS"), rows),
+                      f"{len(streams)} streams on node {body['node_id']} (counts are this node's part)"])
+
+
 def _config_value(entry: dict[str, Any]) -> str:
     value = entry["value"]
     if entry["key"] == "acl" and isinstance(value, str):

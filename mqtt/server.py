@@ -438,8 +438,8 @@ class ServerConnection:
         reason = ReasonCode.SUCCESS if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         return _ack(0x70, packet_id, reason, PUBREL_REASONS, self.protocol_level)
 
-    def suback(self, packet_id: int, reason_codes: Iterable[int]) -> bytes:
-        return encode(Suback(packet_id=packet_id, reason_codes=tuple(reason_codes)), self.protocol_level)
+    def suback(self, packet_id: int, reason_codes: Iterable[int], properties: Properties = EMPTY_PROPERTIES) -> bytes:
+        return encode(Suback(packet_id=packet_id, reason_codes=tuple(reason_codes), properties=properties), self.protocol_level)
 
     def unsuback(self, packet_id: int, reason_codes: Iterable[int]) -> bytes:
         return encode(Unsuback(packet_id=packet_id, reason_codes=tuple(reason_codes)), self.protocol_level)

@@ -95,3 +95,38 @@ def topic_matches(topic_filter: str, topic_name: str) -> bool:
         if level != "+" and level != n_levels[i]:
             return False
     return len(f_levels) == len(n_levels)
+
+
+def dollar_blocked(a: str, b: str) -> bool:
+    """[MQTT-4.7.2-1]: a wildcard first level never matches a `$` topic.
+
+    If one filter starts with a wildcard and the other with a literal `$...` level,
+    no topic can match both.
+    """
+    a_wild = a[:1] in ("+", "#") and (len(a) == 1 or a[1] == "/")
+    b_wild = b[:1] in ("+", "#") and (len(b) == 1 or b[1] == "/")
+    return (a_wild and b.startswith("$")) or (b_wild and a.startswith("$"))
+
+
+def filter_covers(outer: str, inner: str) -> bool:
+    """Is every topic name matched by filter `inner` also matched by filter `outer`?"""
+    if dollar_blocked(outer, inner):
+        return False
+    o = outer.split("/")
+    s = inner.split("/")
+    for i, level in enumerate(o):
+        if level == "#":
+            return True  # covers the parent level and everything below it
+        if i >= len(s):
+            return False
+        sub = s[i]
+        if sub == "#":
+            # Inner matches every suffix from here, the empty one too (the parent
+            # level) unless it is the first level. Outer covers that only if it is
+            # '#' here (checked above) or, at the first level, '+/#' (equal to '#').
+            return i == 0 and o[i:] == ["+", "#"]
+        if level == "+":
+            continue
+        if sub != level:
+            return False  # inner '+' or a different literal
+    return len(s) == len(o)

@@ -53,6 +53,8 @@ class UnknownQuery(Exception):
 
 # (asking member, query name, arguments) -> the result (anything CBOR encodes)
 Answerer = Callable[[str, str, Mapping[str, Any]], object]
+# (asking member, arguments) -> the result: one query name whose answer must await (a read off the Trio thread)
+AsyncAnswerer = Callable[[str, Mapping[str, Any]], Awaitable[object]]
 
 
 class MeshQueries:
@@ -63,6 +65,7 @@ class MeshQueries:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self._answerer: Answerer | None = None
+        self._handlers: dict[str, AsyncAnswerer] = {}
         self.answered = 0
         self.refused = 0
         gossip.register_stream_handler(QUERY, self._serve)
@@ -70,6 +73,10 @@ class MeshQueries:
     def serve(self, answerer: Answerer) -> None:
         """Answer queries from peers with `answerer` (one per node)."""
         self._answerer = answerer
+
+    def handle(self, query: str, handler: AsyncAnswerer) -> None:
+        """Answer one query name with an async handler (before `serve`'s answerer)."""
+        self._handlers[query] = handler
 
     async def ask(self, peer: str, query: str, args: Mapping[str, object], timeout: float = QUERY_TIMEOUT) -> object:
         """Ask one member; its result, or QueryFailed saying why there is none."""
@@ -110,6 +117,13 @@ class MeshQueries:
         if not isinstance(query, str) or not isinstance(args, dict):
             self.refused += 1
             answer = {"e": "malformed query"}
+        elif query in self._handlers:
+            try:
+                answer = {"r": await self._handlers[query](peer, args)}
+                self.answered += 1
+            except (KeyError, TypeError, ValueError) as exc:
+                self.refused += 1
+                answer = {"e": f"bad arguments for {query!r}: {exc}"}
         elif self._answerer is None:
             self.refused += 1
             answer = {"e": "this node answers no queries"}

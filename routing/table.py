@@ -352,6 +352,10 @@ class RouteTable:
                 out.setdefault((group, real_filter), set()).add(origin)
         return out
 
+    def has_route(self, origin: str, topic_filter: str) -> bool:
+        """Whether `origin` has the plain route `topic_filter` in this replica."""
+        return origin in self.trie.values(topic_filter)
+
     def routes(self) -> dict[str, set[str]]:
         """filter -> nodes, this node included: the whole cluster table."""
         out: dict[str, set[str]] = {}

@@ -24,6 +24,7 @@ retained       topic                              the message
 meta           name                               any CBOR value (cluster config later)
 delayed        due ms (u64 BE) + message id       a delayed message (`delayed.records`),
                (u64 BE)                           read a window at a time, never at start
+streams        stream filter \\0 position          a stream message (`streams.store`)
 =============  =================================  =======================================
 
 Values other than format-2 deliveries are CBOR maps with `"v": 1`
@@ -51,7 +52,7 @@ vanished was flushed to SST files, which RocksDB syncs itself.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -137,6 +138,8 @@ class RocksStore(SessionStore):
         for cf, prefix in batch.prefix_deletes:
             # Keys with this prefix sort in [prefix, prefix[:-1] + 0x01): the prefix ends in \0.
             wb.delete_range(prefix, prefix[:-1] + b"\x01", handles[cf])
+        for cf, start, end in batch.range_deletes:
+            wb.delete_range(start, end, handles[cf])
         for (cf, key), op in batch.ops.items():
             if op is None:
                 wb.delete(key, handles[cf])
@@ -188,15 +191,16 @@ class RocksStore(SessionStore):
         finally:
             del family
 
-    def scan_range(self, cf: str, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+    def iter_range(self, cf: str, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         assert self._db is not None, "store is closed"
         it = self._db.get_column_family(cf).iter()
         it.seek(start)
-        out: list[tuple[bytes, bytes]] = []
-        while it.valid() and len(out) < limit:
-            out.append((it.key(), it.value()))
+        while it.valid():
+            key = it.key()
+            if end is not None and key >= end:
+                return
+            yield key, it.value()
             it.next()
-        return out
 
     def count(self, cf: str) -> int:
         assert self._db is not None, "store is closed"

@@ -64,12 +64,13 @@ format-1 inflight records into the queue family.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import struct
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from mqtt import Will
 from session_store import records
@@ -78,7 +79,7 @@ from session_store.model import Delivery, Message, SubscriptionOptions
 log = logging.getLogger("meshd.session_store")
 
 SEP = b"\x00"
-COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta", "delayed")
+COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta", "delayed", "streams")
 SESSION_SCOPED = ("subscriptions", "inflight", "queue", "qos2_in")
 
 _U64 = struct.Struct(">Q")
@@ -125,7 +126,7 @@ class StoreStats:
         self.commits += 1
         self.delivery_puts += len(batch.put_deliveries)
         self.delivery_deletes += len(batch.delete_seqs)
-        self.other_records += len(batch.ops) + len(batch.prefix_deletes)
+        self.other_records += len(batch.ops) + len(batch.prefix_deletes) + len(batch.range_deletes)
 
 
 @dataclass
@@ -167,7 +168,7 @@ class PendingBatch:
     the writer.
     """
 
-    __slots__ = ("ops", "put_deliveries", "put_states", "delete_owners", "delete_seqs", "prefix_deletes")
+    __slots__ = ("ops", "put_deliveries", "put_states", "delete_owners", "delete_seqs", "prefix_deletes", "range_deletes")
 
     def __init__(self) -> None:
         self.ops: dict[tuple[str, bytes], Op | None] = {}
@@ -177,6 +178,8 @@ class PendingBatch:
         self.delete_owners: list[str] = []
         self.delete_seqs: list[int] = []
         self.prefix_deletes: list[tuple[str, bytes]] = []
+        # (cf, start, end): every key in [start, end), applied with the prefix deletes.
+        self.range_deletes: list[tuple[str, bytes, bytes]] = []
 
     @property
     def puts(self) -> list[tuple[Delivery, int]]:
@@ -199,8 +202,14 @@ class PendingBatch:
             del self.ops[k]
         self.prefix_deletes.append((cf, prefix))
 
+    def delete_range(self, cf: str, start: bytes, end: bytes) -> None:
+        for k in [k for k in self.ops if k[0] == cf and start <= k[1] < end]:
+            del self.ops[k]
+        self.range_deletes.append((cf, start, end))
+
     def __len__(self) -> int:
-        return len(self.ops) + len(self.put_deliveries) + len(self.delete_seqs) + len(self.prefix_deletes)
+        return (len(self.ops) + len(self.put_deliveries) + len(self.delete_seqs) + len(self.prefix_deletes)
+                + len(self.range_deletes))
 
     def items(self) -> Iterable[tuple[str, bytes, bytes | None]]:
         """(cf, key, encoded value or None for a delete), prefix deletes excluded."""
@@ -268,18 +277,18 @@ class SessionStore(ABC):
         """Every (key, value) of a column family in key order (start-up only)."""
 
     @abstractmethod
+    def iter_range(self, cf: str, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) for the keys in [start, end) (no end: to the family's end) in
+        key order, as written (not the open batch): one iterator, the caller stops when
+        it has enough. Blocking: off the Trio thread in a node."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     def scan_range(self, cf: str, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         """Up to `limit` (key, value) of a column family from `start` on, in key order,
-        as written (not the open batch). Backends with an index override this scan."""
-        out: list[tuple[bytes, bytes]] = []
-        for key, value in self.scan(cf):
-            if key >= start:
-                out.append((key, value))
-                if len(out) >= limit:
-                    break
-        return out
+        as written (not the open batch)."""
+        return list(itertools.islice(self.iter_range(cf, start), limit))
 
     def count(self, cf: str) -> int:
         """Records in a column family, as written (start-up only)."""
@@ -360,7 +369,7 @@ class SessionStore(ABC):
         """The batch of changes other than deliveries; notes the write epoch before the
         first of them (what `take_batch` may report durable while they wait)."""
         batch = self._batch
-        if not batch.ops and not batch.prefix_deletes:
+        if not batch.ops and not batch.prefix_deletes and not batch.range_deletes:
             self._batch_epoch = self.write_epoch
         return batch
 
@@ -533,6 +542,18 @@ class SessionStore(ABC):
 
     def count_delayed(self) -> int:
         return self.count("delayed")
+
+
+    def put_stream_record(self, key: bytes, value: bytes) -> None:
+        """A stream message (`streams.store`): the key is its stream's prefix and its
+        position, the value already encoded."""
+        self._put("streams", key, bytes, value)
+        self._changed()
+
+    def delete_stream_range(self, start: bytes, end: bytes) -> None:
+        """Stream records in [start, end): retention's cut, one range tombstone."""
+        self._other_changes().delete_range("streams", start, end)
+        self._changed()
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -723,10 +744,21 @@ class MemoryStore(SessionStore):
         self.disk = disk if disk is not None else MemoryDisk()
 
     def write_batch(self, batch: PendingBatch, *, sync: bool) -> None:
-        self.disk.write(list(batch.prefix_deletes), list(batch.items()), sync=sync)
+        # Range deletes become the deletes of the keys they cover now (the disk knows prefixes only).
+        covered = [(cf, key, None) for cf, start, end in batch.range_deletes
+                   for key, _ in self.disk.read(cf) if start <= key < end]
+        items: list[tuple[str, bytes, bytes | None]] = [*covered, *batch.items()]
+        self.disk.write(list(batch.prefix_deletes), items, sync=sync)
 
     def scan(self, cf: str) -> Iterable[tuple[bytes, bytes]]:
         return self.disk.read(cf)
+
+    def iter_range(self, cf: str, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self.disk.read(cf):
+            if end is not None and key >= end:
+                return
+            if key >= start:
+                yield key, value
 
     def close(self) -> None:
         self._batch = PendingBatch()
