@@ -181,7 +181,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
                        gossip=gossip, cluster=cluster, partitions=partitions, hooks=hooks)
     ports: dict[str, int] = {}  # filled in by Node.serve as each listener binds
     metrics = node_metrics(broker=broker, store=store, gossip=gossip, partitions=partitions, cluster=cluster,
-                           security=security, uptime=uptime)
+                           security=security, uptime=uptime, streams=streams)
     add_bridge_metrics(metrics, bridges)
     delayed_metrics(metrics, delayed)
     add_extension_metrics(metrics, hooks=hooks, plugins=plugins, rules=rules)

@@ -158,8 +158,23 @@ class SecurityCounts(Protocol):
     def auth_outcomes(self) -> dict[str, int]: ...
 
 
+class StreamCounts(Protocol):
+    """The durable streams (`streams.service.StreamService`)."""
+
+    def part_counts(self) -> Mapping[str, tuple[int, int]]: ...
+    @property
+    def appended(self) -> int: ...
+    @property
+    def replays_started(self) -> int: ...
+    @property
+    def pages_served(self) -> int: ...
+    @property
+    def trimmed_total(self) -> int: ...
+
+
 def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCounts, partitions: PartitionCounts,
-                 cluster: ClusterCounts, security: SecurityCounts, uptime: Callable[[], float]) -> Metrics:
+                 cluster: ClusterCounts, security: SecurityCounts, uptime: Callable[[], float],
+                 streams: StreamCounts | None = None) -> Metrics:
     m = Metrics()
     stats = broker.stats
     m.gauge_callback("meshd_connections", "clients connected now", lambda: broker.client_count())
@@ -267,7 +282,24 @@ def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCoun
     m.counter_callback("meshd_limits_hit_total", "times a limit refused, slowed or queued something, by limit",
                        lambda: {**security.limits_hit, "max_inflight": stats.window_full,
                                 "max_queued_messages": stats.dropped_queue_full}, ("limit",))
+    if streams is not None:
+        _stream_metrics(m, streams)
     return m
+
+
+def _stream_metrics(m: Metrics, streams: StreamCounts) -> None:
+    m.gauge_callback("meshd_stream_messages", "messages this node keeps of each stream (its part)",
+                     lambda: {name: c[0] for name, c in streams.part_counts().items()}, ("stream",))
+    m.gauge_callback("meshd_stream_bytes", "bytes (keys and records) this node keeps of each stream",
+                     lambda: {name: c[1] for name, c in streams.part_counts().items()}, ("stream",))
+    m.counter_callback("meshd_stream_appended_total", "messages published through this node kept in a stream",
+                       lambda: streams.appended)
+    m.counter_callback("meshd_stream_trimmed_total", "stream messages retention removed on this node",
+                       lambda: streams.trimmed_total)
+    m.counter_callback("meshd_stream_replays_total", "replay subscriptions started on this node",
+                       lambda: streams.replays_started)
+    m.counter_callback("meshd_stream_pages_served_total", "pages of this node's stream parts read by replays",
+                       lambda: streams.pages_served)
 
 
 def _count_states(members: list[MemberInfo]) -> dict[str, int]:

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Do two versions of meshd still form one cluster? Runs real nodes of an older commit
 and of this tree side by side on 127.0.0.1 and checks what crosses the wire between
-them: membership (SWIM over UDP), route sync, forwarded publishes (mesh links) and
-session handoff, in both directions.
+them: membership (SWIM over UDP), route sync, forwarded publishes (mesh links),
+session handoff, in both directions, and a stream replay on a new node (the older
+nodes, which do not know the `stream_read` query, hold no part of it).
 
     python scripts/compat_check.py                  # against OLD_DEFAULT
     python scripts/compat_check.py --old v0.1.0     # any commit, tag or branch
@@ -40,7 +41,7 @@ TIMEOUT = 30.0
 class Node:
     """One `meshd` process running the code in `tree`."""
 
-    def __init__(self, name: str, tree: Path, workdir: Path, seed: int | None) -> None:
+    def __init__(self, name: str, tree: Path, workdir: Path, seed: int | None, extra: tuple[str, ...] = ()) -> None:
         self.name = name
         self.tree = tree
         self.mqtt = free_port()
@@ -56,6 +57,7 @@ class Node:
         ]
         if seed is not None:
             args += ["--seed", f"127.0.0.1:{seed}"]
+        args += list(extra)
         self.proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         # The next node may name this one as its seed: a join that finds the seed not
         # yet listening is not retried once the joiner knows any other live member
@@ -148,6 +150,34 @@ def query_older(new: Node, older: list[Node]) -> None:
     assert missing == sorted(n.name for n in older), f"missing: {body['missing']}"
 
 
+def stream_replay(new: Node) -> None:
+    """A stream replay on a new node asks every member for its part: the older ones,
+    which close the query unanswered, hold no part (not missing), and the replay ends
+    with the new node's part and goes live."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    pub = Client("pub-stream", version=5)
+    pub.connect(new.mqtt)
+    for i in range(5):
+        pub.publish(f"compat/stream/{i}", str(i).encode(), qos=1)
+    sub = Client("sub-stream", version=5)
+    sub.connect(new.mqtt)
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.UserProperty = [("replay-from", "earliest")]
+    sub.c.subscribe("compat/stream/#", options=SubscribeOptions(qos=1), properties=props)
+    codes = sub.subacks.get(timeout=TIMEOUT)
+    assert [int(getattr(c, "value", c)) for c in codes] == [1], f"SUBACK {codes}"
+    got = sub.expect(5)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(5)], [m.topic for m in got]
+    pub.publish("compat/stream/live", b"live", qos=1)
+    assert sub.expect(1)[0].payload == b"live"
+    sub.expect_none(0.3)
+    pub.disconnect()
+    sub.disconnect()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", default=OLD_DEFAULT, help=f"the older commit (default {OLD_DEFAULT})")
@@ -162,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             a = Node("old-a", work / "old", work, seed=None)
             nodes.append(a)
-            b = Node("new-b", ROOT, work, seed=a.gossip)
+            b = Node("new-b", ROOT, work, seed=a.gossip, extra=("--streams", '[{"filter": "compat/stream/#"}]'))
             nodes.append(b)
             c = Node("old-c", work / "old", work, seed=b.gossip)
             nodes.append(c)
@@ -171,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     wait_for(lambda n=n: sum(s == "alive" for s in n.members().values()) == 3, TIMEOUT, f"{n.name} sees 3 alive")
                     for n in nodes]),
                 ("cluster query on new: the old nodes named missing", lambda: query_older(b, [a, c])),
+                ("stream replay on new: the old nodes hold no part", lambda: stream_replay(b)),
                 ("forward QoS 1: new -> old", lambda: forward(b, a, nodes, "n2o")),
                 ("forward QoS 1: old -> new", lambda: forward(c, b, nodes, "o2n")),
                 ("session handoff: old -> new", lambda: handoff(a, b, nodes, "o2n")),

@@ -104,6 +104,7 @@ class StreamService:
         self.appended = 0
         self.replays_started = 0
         self.pages_served = 0
+        self.trimmed_total = 0
         queries.handle(READ_QUERY, self._answer_read)
 
     # -- configuration -------------------------------------------------------------------
@@ -154,7 +155,7 @@ class StreamService:
         cursor = ReplayCursor(tap=tap, request=request, stream=spec.filter, qos=qos, subscription_ids=subscription_ids,
                               origins=origins, fetch=self._fetch, clock=self.clock)
         tap.add(cursor)
-        self._nursery.start_soon(cursor.run)
+        self._nursery.start_soon(self._run_cursor, cursor)
         self.replays_started += 1
         props: list[tuple[str, str]] = [("stream", spec.filter)]
         if down:
@@ -163,6 +164,14 @@ class StreamService:
         if stats is not None and stats.trimmed and stats.trimmed > request.after:
             props.append(("truncated", "1"))
         return ReplayOpened(tap, tuple(props))
+
+    async def _run_cursor(self, cursor: ReplayCursor) -> None:
+        try:
+            await cursor.run()
+        except Exception:
+            # A bug in one replay ends that replay (its client keeps the live
+            # subscription), never the node.
+            log.exception("replay of %s failed", cursor.topic_filter)
 
     def client_gone(self, sink: object) -> None:
         tap = self.taps.pop(sink, None)
@@ -230,7 +239,10 @@ class StreamService:
             try:
                 while True:
                     await trio.sleep(COMPACT_INTERVAL)
-                    await self.compact()
+                    try:
+                        await self.compact()
+                    except Exception:
+                        log.exception("stream compaction failed; trying again in %g s", COMPACT_INTERVAL)
             finally:
                 self._nursery = None
                 for tap in self.taps.values():
@@ -250,9 +262,18 @@ class StreamService:
             if cut is not None:
                 self.store.apply_cut(spec.filter, cut)
                 removed += cut.messages
+                self.trimmed_total += cut.messages
         return removed
 
     # -- the operator's view -------------------------------------------------------------
+
+    def part_counts(self) -> dict[str, tuple[int, int]]:
+        """(messages, bytes) of this node's part of every configured stream (metrics)."""
+        out = {}
+        for spec in self.specs:
+            stats = self.store.stats.get(spec.filter)
+            out[spec.filter] = (stats.messages, stats.bytes) if stats is not None else (0, 0)
+        return out
 
     def describe(self) -> list[dict[str, object]]:
         """Every configured stream with this node's counters (`GET /api/v1/streams`)."""

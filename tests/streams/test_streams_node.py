@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
@@ -59,6 +60,9 @@ def test_replay_from_earliest_then_live_with_positions(node):
     _, body = request_json(node.http_addr, "GET", "/api/v1/streams")
     plant = next(s for s in body["streams"] if s["filter"] == "plant/#")
     assert plant["messages"] == 25 and plant["bytes"] > 0 and plant["max_messages"] == 1000
+    metrics = urllib.request.urlopen(f"http://{node.http_addr}/metrics", timeout=10).read().decode()
+    assert 'meshd_stream_messages{stream="plant/#"} 25' in metrics
+    assert "meshd_stream_appended_total 25" in metrics and "meshd_stream_replays_total 2" in metrics
 
 
 def test_v311_replay_topic_form(node):
