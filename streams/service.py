@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, Sequen
 import trio
 
 from clock import Clock
-from mqtt import ReasonCode
+from mqtt import EMPTY_PROPERTIES, Properties, ReasonCode
 from mqtt.topics import topic_matches
 from routing.queries import QueryFailed
 from session_store import records
@@ -128,9 +128,13 @@ class StreamService:
         position = self.positions.next(int(now * 1000))
         # A publisher's own `position` property would lie about the order: replaced.
         props = msg.properties
-        user = tuple(p for p in props.user_properties if p[0] != "position") + (("position", position),)
-        kept = Message(msg.topic, msg.payload, msg.qos, msg.retain, replace(props, user_properties=user),
-                       msg.expires_at, msg.publisher, msg.msg_id, msg.origin)
+        if props is EMPTY_PROPERTIES:  # the common case, without dataclasses.replace's 28 getattrs
+            props = Properties(user_properties=(("position", position),))
+        else:
+            user = tuple(p for p in props.user_properties if p[0] != "position") + (("position", position),)
+            props = replace(props, user_properties=user)
+        kept = Message(msg.topic, msg.payload, msg.qos, msg.retain, props, msg.expires_at, msg.publisher, msg.msg_id,
+                       msg.origin)
         for spec in streams:
             self.store.append(spec.filter, position, kept)
         self.appended += 1
