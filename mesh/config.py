@@ -170,27 +170,6 @@ class Str(Kind):
         return raw
 
 
-@dataclass(frozen=True)
-class StreamList(Kind):
-    """`[[streams]]` tables in TOML, or their JSON list as text (a flag, the
-    environment, `PUT /api/v1/config/streams`); kept as its canonical JSON text, which
-    is also what the cluster-wide register holds."""
-
-    metavar: str = "JSON"
-
-    @property
-    def expected(self) -> str:
-        return 'a list of streams, e.g. [{"filter": "plant/#", "max_age_s": 86400}]'
-
-    def parse(self, key: str, raw: object) -> object:
-        from streams.spec import SpecError, canonical_json, parse_specs
-
-        try:
-            return canonical_json(parse_specs(raw))
-        except SpecError as exc:
-            raise ConfigError(key, str(exc)) from None
-
-
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -387,6 +366,31 @@ class Names(Kind):
     def render(self, value: object) -> str:
         assert isinstance(value, tuple)
         return ",".join(value) if value else "none"
+
+
+@dataclass(frozen=True)
+class StreamList(Tables):
+    """`[[streams]]` tables in TOML, or their JSON list as text (a flag, the
+    environment, `PUT /api/v1/config/streams`); kept as its canonical JSON text, which
+    is also what the cluster-wide register holds."""
+
+    expected: str = 'a list of streams, e.g. [{"filter": "plant/#", "max_age_s": 86400}]'
+
+    def parse(self, key: str, raw: object) -> object:
+        from streams.spec import SpecError, canonical_json, parse_specs
+
+        try:
+            return canonical_json(parse_specs(raw))
+        except SpecError as exc:
+            raise ConfigError(key, str(exc)) from None
+
+    def plain(self, value: object, *, redact: bool = True) -> list[dict[str, object]]:
+        assert isinstance(value, str)
+        tables: list[dict[str, object]] = json.loads(value)
+        return tables
+
+    def render(self, value: object) -> str:
+        return str(value)
 
 
 T = TypeVar("T")
