@@ -7,9 +7,16 @@ from __future__ import annotations
 import json
 
 from simulation.cluster import SimCluster
+from streams.service import StreamService
 from tests.cluster_sim.helpers import sim
 
 STREAMS = json.dumps([{"filter": "plant/#"}])
+
+
+def stream_filters(c: SimCluster, node_id: str) -> list[str]:
+    streams = c.running(node_id).broker.streams
+    assert isinstance(streams, StreamService)
+    return [s.filter for s in streams.specs]
 
 
 async def publish_round_robin(c: SimCluster, start: int, count: int) -> list[bytes]:
@@ -54,3 +61,20 @@ def test_a_node_down_at_the_start_is_missing_then_recovered() -> None:
         assert sub.received[-1].topic == "$replay/recovered/n2"
 
     sim(scenario, streams=STREAMS)
+
+
+def test_streams_set_at_run_time_on_one_node_apply_on_every_node() -> None:
+    async def scenario(c: SimCluster) -> None:
+        code, body = await c.api("n0", "PUT", "/api/v1/config/streams", {"value": [{"filter": "ota/#"}]})
+        assert code == 200, body
+        await c.wait_for(lambda: all(stream_filters(c, n) == ["ota/#"] for n in c.node_ids), 10,
+                         "every node takes the stream")
+        pub = await c.connect("n2", "pub")
+        await pub.publish("ota/fw", b"v2", qos=1)
+        sub = await c.connect("n1", "consumer")
+        await sub.subscribe("$replay/earliest/ota/#", 1)
+        await c.wait_for(lambda: sub.payloads() == [b"v2"], 10, "the message kept on n2")
+        code, body = await c.api("n2", "GET", "/api/v1/streams")
+        assert code == 200 and isinstance(body, dict) and body["streams"][0]["messages"] == 1
+
+    sim(scenario)
