@@ -293,4 +293,5 @@ export const PAGES = [
   { id: "rules", title: "Rules", render: featurePage("Rules", "/api/v1/rules") },
   { id: "bridges", title: "Bridges", render: featurePage("Bridges", "/api/v1/bridges") },
   { id: "delayed", title: "Delayed", render: featurePage("Delayed messages", "/api/v1/delayed") },
+  { id: "streams", title: "Streams", render: featurePage("Streams", "/api/v1/streams", { key: "filter", item: false }) },
 ];

@@ -276,6 +276,22 @@ def test_the_delayed_page_lists_a_pending_delayed_message_and_inspects_it(cluste
     wait_until(browser, lambda: "none" in text(browser, "feature-list"), "the list empty once cancelled")
 
 
+def test_the_streams_page_lists_a_stream_set_cluster_wide_with_this_nodes_count(cluster, browser, screens):
+    status, body = request_json(cluster[0].http_addr, "PUT", "/api/v1/config/streams",
+                                {"value": [{"filter": "telemetry/#", "max_age_s": 3600}]})
+    assert status == 200, body
+    wait_for(lambda: request_json(cluster[0].http_addr, "GET", "/api/v1/streams")[1]["streams"], what="the stream on n0")
+    pub = Client("telemetry-pub", version=5)
+    pub.connect(cluster[0].port)
+    for i in range(5):
+        pub.publish(f"telemetry/{i}", b"reading", qos=1)
+    pub.disconnect()
+    open_page(browser, cluster[0], "streams")
+    wait_until(browser, lambda: click(browser, By.LINK_TEXT, "telemetry/#"), "a click on the stream")
+    wait_until(browser, lambda: '"messages": 5' in text(browser, "feature-detail"), "the stream inspected, 5 messages")
+    browser.save_screenshot(str(screens / "streams.png"))
+
+
 # The panel's packet reader, fed a PUBLISH, a PUBACK and a PUBLISH with a two-byte
 # length split at every offset, gives back the same three packets each time.
 READER_SPLITS = """
