@@ -44,7 +44,14 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, trio.TooSlowError):
         return "no answer in time"
     if isinstance(exc, OSError):
-        return exc.strerror or str(exc) or type(exc).__name__
+        text = exc.strerror or str(exc) or type(exc).__name__
+        cause = exc.__cause__
+        # trio.open_tcp_stream: "all attempts to connect ... failed", the reasons in its cause.
+        while isinstance(cause, BaseExceptionGroup):
+            cause = cause.exceptions[0]
+        if isinstance(cause, OSError) and cause.strerror:
+            text += f" ({cause.strerror})"
+        return text
     if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
         return f"connection broken: {exc.__cause__}"
     return str(exc) or type(exc).__name__

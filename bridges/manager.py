@@ -33,7 +33,7 @@ from bridges.connect import tls_context
 from bridges.http_bridge import HttpBridge
 from bridges.loops import came_through_bridge
 from bridges.mqtt_bridge import IngressSink, MqttBridge
-from bridges.queue import CacheQueue, queue_prefix
+from bridges.queue import CacheQueue, parse_record_key, queue_prefix
 from bridges.status import BridgeStatus
 from bridges.store import QueueStore
 from clock import Clock
@@ -112,9 +112,9 @@ class BridgeManager:
         # What the disk held at start, by bridge id; handed to a bridge's queue when it is made.
         self._recovered: dict[str, list[tuple[int, bytes]]] = {}
         for key, value in store.items():
-            bridge_id, sep, seq = key.rpartition(b"\x00")
-            if sep and len(seq) == 8:
-                self._recovered.setdefault(bridge_id.decode(errors="replace"), []).append((int.from_bytes(seq, "big"), value))
+            parsed = parse_record_key(key)
+            if parsed is not None:
+                self._recovered.setdefault(parsed[0], []).append((parsed[1], value))
 
     # ------------------------------------------------------------------ configuration
 

@@ -61,6 +61,16 @@ class BridgeDown(Exception):
     """The connection ended (the reason is the message)."""
 
 
+# What ends one connection (and is retried after the backoff), as opposed to a bug.
+CONNECTION_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                     ClientProtocolError, BridgeDown, ssl.SSLError)
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 def _reason(code: int) -> str:
     try:
         return f"0x{code:02X} {ReasonCode(code).name.lower().replace('_', ' ')}"
@@ -96,8 +106,7 @@ class MqttBridge:
             try:
                 await self._session()
                 error = "connection closed by the remote"
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-                    ClientProtocolError, BridgeDown, ssl.SSLError) as exc:
+            except CONNECTION_ERRORS as exc:
                 error = describe(exc)
             was_connected = self.status.connected_since is not None
             self.status.failed(error, self.clock.wall())
@@ -128,12 +137,21 @@ class MqttBridge:
             log_event(log, LogEvent.BRIDGE_CONNECTED, bridge=cfg.id, url=cfg.url)
             if cfg.ingress:
                 await self._send(stream, core.subscribe(self._ingress_filters(), self.clock.now()))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._sender, stream, core)
-                if cfg.keepalive_s:
-                    nursery.start_soon(self._pinger, stream, core)
-                await self._reader(stream, core)  # returns or raises when the connection ends
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._sender, stream, core)
+                    if cfg.keepalive_s:
+                        nursery.start_soon(self._pinger, stream, core)
+                    await self._reader(stream, core)  # returns or raises when the connection ends
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # One task's lost connection ends the others: report that one error.
+                # Anything else (a cancellation from outside, a bug) goes on without them.
+                lost, rest = group.split(CONNECTION_ERRORS)
+                if rest is not None:
+                    raise rest from None
+                assert lost is not None
+                raise _first(lost) from None
 
     def _ingress_filters(self) -> list[tuple[str, int, bool]]:
         cfg = self.config

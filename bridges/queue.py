@@ -59,6 +59,14 @@ def record_key(bridge_id: str, seq: int) -> bytes:
     return queue_prefix(bridge_id) + seq.to_bytes(8, "big")
 
 
+def parse_record_key(key: bytes) -> tuple[str, int] | None:
+    """(bridge id, seq) of a record key; None for anything else. The sequence number is
+    the last 8 bytes (they may hold zero bytes: never split at the last \\0)."""
+    if len(key) < 10 or key[-9] != 0:
+        return None
+    return key[:-9].decode(errors="replace"), int.from_bytes(key[-8:], "big")
+
+
 def encode_record(topic: str, payload: bytes, qos: int, retain: bool, at: float) -> bytes:
     t = topic.encode()
     return _HEADER.pack(_FORMAT, at, qos | (retain << 2), len(t)) + t + payload

@@ -20,6 +20,10 @@
     meshd ctl rules delete RULE_ID       remove a rule added through the API, on every node
     meshd ctl plugins                    this node's plugins and every hook callback, with errors
     meshd ctl routes                     the cluster route table as this node sees it
+    meshd ctl bridges list               every bridge on the node: target, state, queue, sent, dropped, last error
+    meshd ctl bridges show ID            one bridge: its config, status and metrics
+    meshd ctl bridges add @FILE          add or replace a bridge on every node (a JSON or TOML table)
+    meshd ctl bridges delete ID          remove a bridge from every node
     meshd ctl cluster                    members, current partitions and partition history
 
 `--json` (the node's JSON answer as it is), `--http HOST:PORT` and `--token TOKEN` go
@@ -163,6 +167,14 @@ def build_parser() -> Parser:
     command(rules, "delete", "remove a rule added through the API, on every node").add_argument(
         "rule_id", metavar="RULE_ID")
     command(sub, "plugins", "this node's plugins and every hook callback, with their errors")
+    bridges = command(sub, "bridges", "bridges to other brokers and HTTP services").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    command(bridges, "list", "every bridge on the node: target, state, queue, sent, dropped, last error")
+    command(bridges, "show", "one bridge: its config, status and metrics").add_argument("bridge_id", metavar="ID")
+    command(bridges, "add", "add or replace a bridge on every node").add_argument(
+        "value", metavar="@FILE", help="the bridge's table: a JSON object, or TOML (id = ..., type = ..., ...)")
+    command(bridges, "delete", "remove a bridge from every node").add_argument("bridge_id", metavar="ID")
+
     command(sub, "routes", "the cluster route table (filter -> nodes)")
     command(sub, "cluster", "members, current partitions (netsplits) and their history")
     command(sub, "streams", "durable streams, with this node's counts and bytes")
@@ -203,6 +215,14 @@ def _request(args: argparse.Namespace) -> Request:
         if action == "delete":
             return Request("DELETE", f"/api/v1/rules/{quote(args.rule_id, safe='')}")
         return Request("GET", "/api/v1/rules")
+    if command == "bridges":
+        if action == "show":
+            return Request("GET", f"/api/v1/bridges/{_path_id(args.bridge_id)}")
+        if action == "delete":
+            return Request("DELETE", f"/api/v1/bridges/{_path_id(args.bridge_id)}")
+        if action == "add":
+            return Request("POST", "/api/v1/bridges", args.table)
+        return Request("GET", "/api/v1/bridges")
     return Request("GET", f"/api/v1/{command}")
 
 
@@ -225,6 +245,10 @@ _TABLES: dict[tuple[str, str | None], Callable[[dict[str, Any]], str]] = {
     ("rules", "add"): ctl_tables.format_rule,
     ("rules", "delete"): ctl_tables.format_deleted_rule,
     ("plugins", None): ctl_tables.format_plugins,
+    ("bridges", "list"): ctl_tables.format_bridges,
+    ("bridges", "show"): ctl_tables.format_bridge,
+    ("bridges", "add"): ctl_tables.format_bridge,
+    ("bridges", "delete"): ctl_tables.format_bridge_deleted,
     ("routes", None): ctl_tables.format_routes,
     ("cluster", None): ctl_tables.format_cluster,
     ("streams", None): ctl_tables.format_streams,
@@ -249,7 +273,10 @@ def _parse_actions(args: argparse.Namespace) -> str | None:
 
 
 def _read_at_file(args: argparse.Namespace) -> str | None:
-    """`config set acl @acl.toml`: the file's text is the value; an error message or None."""
+    """`config set acl @acl.toml`: the file's text is the value; `bridges add @FILE`: the
+    file's JSON or TOML table is the body; an error message or None."""
+    if args.command == "bridges" and getattr(args, "action", None) == "add":
+        return _read_table(args)
     if getattr(args, "action", None) == "set" and args.value.startswith("@"):
         try:
             with open(args.value[1:], encoding="utf-8") as f:
@@ -259,10 +286,33 @@ def _read_at_file(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _read_table(args: argparse.Namespace) -> str | None:
+    import tomllib
+
+    text = args.value
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            return f"cannot read {text[1:]}: {exc.strerror or exc}"
+    try:
+        args.table = json.loads(text)
+    except ValueError:
+        try:
+            args.table = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            return f"the bridge's table is neither JSON nor TOML: {exc}"
+    if isinstance(args.table, dict) and list(args.table) == ["bridges"] and isinstance(args.table["bridges"], list) \
+            and len(args.table["bridges"]) == 1:
+        args.table = args.table["bridges"][0]  # a [[bridges]] table as in the node's config file
+    return None
+
+
 # A command with actions, given none, lists (`meshd ctl clients` is `meshd ctl clients list`).
 _ACTIONS = {"clients": {"list", "show", "kick"}, "sessions": {"list", "show", "delete"},
             "subscriptions": {"list"}, "config": {"list", "get", "set"}, "delayed": {"list", "show", "cancel"},
-            "rules": {"list", "show", "add", "delete"}}
+            "rules": {"list", "show", "add", "delete"}, "bridges": {"list", "show", "add", "delete"}}
 
 
 def _default_action(argv: list[str]) -> list[str]:
@@ -280,7 +330,7 @@ def _default_action(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse(_default_action(argv))
-    problem = _read_at_file(args) if args.command == "config" else _parse_actions(args)
+    problem = _read_at_file(args) if args.command in ("config", "bridges") else _parse_actions(args)
     if problem is not None:
         print(f"meshd ctl: {problem}", file=sys.stderr)
         return 2

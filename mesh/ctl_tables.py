@@ -236,3 +236,27 @@ def format_plugins(body: dict[str, Any]) -> str:
     hooks = table(("POINT", "CALLBACK", "PRIORITY", "ERRORS"),
                   [(h["point"], h["callback"], h["priority"], h["errors"]) for h in body.get("hooks", [])])
     return plugins + "\n\n" + hooks
+def format_bridges(body: dict[str, Any]) -> str:
+    """`meshd ctl bridges list`: one row per bridge on the node."""
+    rows = []
+    for b in body["bridges"]:
+        m, st = b["metrics"], b["status"]
+        rows.append((b["id"], b["type"], b["url"], b["source"], st["state"], m["queued"], m["sent_total"],
+                     m["dropped_total"], st["last_error"]))
+    headers = ("ID", "TYPE", "URL", "SOURCE", "STATE", "QUEUED", "SENT", "DROPPED", "LAST ERROR")
+    return "\n".join([table(headers, rows), f"{len(rows)} bridges on {body['node_id']}"])
+
+
+def format_bridge(body: dict[str, Any]) -> str:
+    """`meshd ctl bridges show ID`: config, status and metrics as key: value lines."""
+    lines = [f"{body['id']} ({body['type']} {body['url']}, from {body['source']}, on {body['node']})"]
+    for section in ("status", "metrics", "config"):
+        lines.append(f"{section}:")
+        for key, value in body[section].items():
+            shown = json.dumps(value) if isinstance(value, (dict, list)) else _cell(value)
+            lines.append(f"  {key}: {shown}")
+    return "\n".join(lines)
+
+
+def format_bridge_deleted(body: dict[str, Any]) -> str:
+    return f"bridge {body['deleted']} removed (on every node, as a cluster config change)"

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from bridges.committer import Committer
-from bridges.queue import CacheQueue, decode_record, encode_record, record_key
+from bridges.queue import CacheQueue, decode_record, encode_record, parse_record_key, record_key
 from bridges.store import MemoryQueueStore
 
 
@@ -24,6 +24,12 @@ class Writes:
 
     def delete(self, key: bytes) -> None:
         self.ops[key] = None
+
+
+def test_record_keys_parse_back_even_with_zero_bytes_in_the_seq() -> None:
+    for seq in (1, 0x0275, 0x010000, 2**40):
+        assert parse_record_key(record_key("br.1", seq)) == ("br.1", seq)
+    assert parse_record_key(b"short") is None
 
 
 def test_record_round_trip() -> None:
