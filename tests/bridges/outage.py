@@ -94,8 +94,10 @@ class Collector:
 
 
 class Publisher(threading.Thread):
-    """Numbered QoS 1 messages at a fixed rate; a message counts as acknowledged when its
-    PUBACK came. When meshd is gone it reconnects and sends the unacknowledged one again."""
+    """Numbered QoS 1 messages at a fixed rate, pipelined (paho keeps up to 100 in
+    flight); a message counts as acknowledged when its PUBACK came. While meshd is gone
+    paho queues what is published and reconnects; it sends the unacknowledged ones
+    again (a PUBACK that came before the kill counts)."""
 
     def __init__(self, index: int, port: Callable[[], int], interval: float, stop: threading.Event) -> None:
         super().__init__(daemon=True, name=f"outage-publisher-{index}")
@@ -105,55 +107,56 @@ class Publisher(threading.Thread):
         self.stop_event = stop
         self.acked: list[int] = []
         self.errors = 0
+        self._lock = threading.Lock()
+        self._seq_of: dict[int, int] = {}  # paho message id -> our number, until acknowledged
+        self._early: set[int] = set()  # acknowledged before publish() returned its id
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"outage-pub-{index}", protocol=mqtt.MQTTv311)
+        self.c.max_inflight_messages_set(100)
+        self.c.reconnect_delay_set(0.05, 0.5)
+        self.c.on_publish = self._on_publish
+        self.c.on_disconnect = lambda c, u, f, rc, p: self._disconnected()
 
-    def _connect(self) -> mqtt.Client:
-        while not self.stop_event.is_set():
-            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"outage-pub-{self.index}", protocol=mqtt.MQTTv311)
-            try:
-                c.connect("127.0.0.1", self.port(), keepalive=10)
-                c.loop_start()
-                return c
-            except OSError:
-                self.stop_event.wait(0.05)  # meshd restarting: try again (bounded by stop)
-        raise InterruptedError
+    def _disconnected(self) -> None:
+        self.errors += 1
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any) -> None:
+        with self._lock:
+            seq = self._seq_of.pop(mid, None)
+            if seq is None:
+                self._early.add(mid)
+            else:
+                self.acked.append(seq)
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return len(self._seq_of)
 
     def run(self) -> None:
+        self.c.connect("127.0.0.1", self.port(), keepalive=10)
+        self.c.loop_start()
         seq = 1
-        try:
-            client = self._connect()
-        except InterruptedError:
-            return
         next_at = time.monotonic()
         while not self.stop_event.is_set():
-            info = client.publish("load/%d" % self.index, f"{self.index}:{seq}".encode(), qos=1)
-            try:
-                info.wait_for_publish(timeout=5)
-                published = info.is_published()
-            except (RuntimeError, ValueError):
-                published = False
-            if published:
-                self.acked.append(seq)
-                seq += 1
-                next_at += self.interval
-                delay = next_at - time.monotonic()
-                if delay > 0:
-                    self.stop_event.wait(delay)
+            info = self.c.publish("load/%d" % self.index, f"{self.index}:{seq}".encode(), qos=1)
+            with self._lock:
+                if info.mid in self._early:
+                    self._early.discard(info.mid)
+                    self.acked.append(seq)
                 else:
-                    next_at = time.monotonic()  # behind: no burst to catch up
-                continue
-            self.errors += 1
-            client.loop_stop()
-            try:
-                client.disconnect()
-            except Exception:  # the connection is already gone
-                pass
-            try:
-                client = self._connect()
-            except InterruptedError:
-                return
-            next_at = time.monotonic()
-        client.loop_stop()
-        client.disconnect()
+                    self._seq_of[info.mid] = seq
+            seq += 1
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                self.stop_event.wait(delay)
+
+    def finish(self, timeout: float) -> None:
+        """Wait (bounded) for the acknowledgements still due, then close."""
+        deadline = time.monotonic() + timeout
+        while self.outstanding() and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the acknowledgements, bounded by the deadline
+        self.c.loop_stop()
+        self.c.disconnect()
 
 
 def bridge_config(path: str, mosquitto_url: str) -> str:
@@ -191,9 +194,7 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
         log("kill -9 meshd")
         killed = time.monotonic()
         node.kill()
-        node.port = node.port  # the same MQTT port again, so publishers find it
-        node.http_port = 0
-        node.start()
+        node.start()  # the same MQTT port again (MeshdProcess keeps it), so the publishers find it
         result.restart_s = time.monotonic() - killed
         log(f"meshd back after {result.restart_s:.2f} s")
         time.sleep(max(0.0, params.outage_s - params.kill_at_s - result.restart_s))
@@ -204,6 +205,8 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
         stop.set()
         for p in publishers:
             p.join(15)
+        for p in publishers:
+            p.finish(30)
         result.acked = {p.index: p.acked for p in publishers}
         result.publish_errors = sum(p.errors for p in publishers)
         deadline = time.monotonic() + params.drain_timeout_s
@@ -233,6 +236,7 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
         stop.set()
         for p in publishers:
             p.join(5)
+            p.c.loop_stop()
         if collector is not None:
             collector.stop()
         node.__exit__()
