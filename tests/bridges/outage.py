@@ -6,7 +6,9 @@ QoS 1 messages at a fixed total rate and note which were acknowledged. Mosquitto
 stopped (its state saved: the collector's persistent session), meshd is killed with
 SIGKILL in the middle of the outage and started again on the same data directory, then
 Mosquitto comes back. A collector subscribed on Mosquitto (persistent session, QoS 1)
-must receive every acknowledged message, in order per publisher.
+must receive every acknowledged message, in order per publisher: the order meshd
+acknowledged them in (a message the client library sent again after the restart is
+accepted, and queued, after those that went through meanwhile).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class OutageParams:
 
 @dataclass
 class OutageResult:
-    acked: dict[int, list[int]] = field(default_factory=dict)  # publisher -> acknowledged seqs
+    acked: dict[int, list[int]] = field(default_factory=dict)  # publisher -> acknowledged seqs, in PUBACK order
     received: dict[int, list[int]] = field(default_factory=dict)  # publisher -> seqs in arrival order
     missing: dict[int, list[int]] = field(default_factory=dict)
     out_of_order: dict[int, int] = field(default_factory=dict)  # first arrivals that went backwards
@@ -46,6 +48,7 @@ class OutageResult:
     drained_s: float = 0.0  # from Mosquitto's restart until the last acknowledged message arrived
     queued_peak: int = 0
     restart_s: float = 0.0  # meshd: SIGKILL to ready again
+    examples: list[str] = field(default_factory=list)  # out-of-order first arrivals
 
     @property
     def acked_total(self) -> int:
@@ -60,7 +63,7 @@ class OutageResult:
                 "missing": sum(len(v) for v in self.missing.values()),
                 "out_of_order": sum(self.out_of_order.values()), "duplicates": self.duplicates,
                 "publish_errors": self.publish_errors, "drained_s": round(self.drained_s, 2),
-                "meshd_restart_s": round(self.restart_s, 2)}
+                "meshd_restart_s": round(self.restart_s, 2), "examples": self.examples}
 
 
 class Collector:
@@ -115,6 +118,8 @@ class Publisher(threading.Thread):
         self.c.reconnect_delay_set(0.05, 0.5)
         self.c.on_publish = self._on_publish
         self.c.on_disconnect = lambda c, u, f, rc, p: self._disconnected()
+        self.connected = threading.Event()
+        self.c.on_connect = lambda c, u, f, rc, p: self.connected.set()
 
     def _disconnected(self) -> None:
         self.errors += 1
@@ -134,6 +139,9 @@ class Publisher(threading.Thread):
     def run(self) -> None:
         self.c.connect("127.0.0.1", self.port(), keepalive=10)
         self.c.loop_start()
+        # paho holds a PUBLISH made before the CONNACK until a reconnect: start after it.
+        if not self.connected.wait(10):
+            return
         seq = 1
         next_at = time.monotonic()
         while not self.stop_event.is_set():
@@ -224,13 +232,19 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
             seen = set(got)
             result.missing[i] = [s for s in acked if s not in seen]
             result.duplicates += len(got) - len(seen)
+            # The order to keep is the one meshd accepted them in (its PUBACKs, `acked` is in
+            # that order): a message the client sent again after meshd's restart is accepted
+            # after the ones that went through meanwhile.
+            rank = {seq: n for n, seq in enumerate(acked)}
             firsts: list[int] = []
             first_seen: set[int] = set()
             for s in got:
-                if s not in first_seen:
+                if s not in first_seen and s in rank:
                     first_seen.add(s)
                     firsts.append(s)
-            result.out_of_order[i] = sum(1 for a, b in zip(firsts, firsts[1:]) if b < a)
+            backwards = [(a, b) for a, b in zip(firsts, firsts[1:]) if rank[b] < rank[a]]
+            result.out_of_order[i] = len(backwards)
+            result.examples.extend(f"publisher {i}: {a} then {b}" for a, b in backwards[:3])
         return result
     finally:
         stop.set()

@@ -14,6 +14,7 @@ import trio
 from bridges.actions import bridge_factory, webhook_factory
 from mesh.http_client import request_json
 from tests.bridges.http_target import HttpTarget
+from tests.bridges.helpers import bridge_manager
 from tests.support import Client, RunningNode, wait_for
 
 
@@ -104,7 +105,7 @@ def test_webhook_and_bridge_actions_go_through_the_queue(node_factory: Callable[
                                                          target: HttpTarget) -> None:
     node = node_factory(bridges=json.dumps([{"id": "http-out", "type": "http", "url": target.url}]))
     assert node.node is not None
-    manager = node.node.services[0]
+    manager = bridge_manager(node.node)
     webhook = node.call(webhook_factory(manager), {"type": "webhook", "url": target.url + "?w=1",
                                                    "headers": {"X-Rule": "r1"}, "timeout_s": 2})
     action = node.call(bridge_factory(manager), {"type": "bridge", "bridge": "http-out", "topic": "t/${device}"})

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from tests.bridges.helpers import bridge_manager
 from tests.support import Client, RunningNode, run_cli, wait_for
 
 
 def describe(node: RunningNode, bridge_id: str) -> Any:
     assert node.node is not None
-    return node.call(node.node.services[0].describe, bridge_id)
+    return node.call(bridge_manager(node.node).describe, bridge_id)
 
 
 def test_bridge_to_another_meshd(node_factory: Callable[..., RunningNode]) -> None:

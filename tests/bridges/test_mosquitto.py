@@ -10,6 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.bridges.mosquitto import Mosquitto
+from tests.bridges.helpers import bridge_manager
 from tests.support import Client, RunningNode, wait_for
 
 
@@ -20,7 +21,7 @@ def bridged_node(node_factory: Callable[..., RunningNode], **bridge: Any) -> Run
 def status(node: RunningNode, bridge_id: str) -> dict[str, Any]:
     """What GET /api/v1/bridges/<id> answers (read in the node's thread)."""
     assert node.node is not None
-    bridges = node.node.services[0]
+    bridges = bridge_manager(node.node)
     return node.call(bridges.describe, bridge_id)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulation.cluster import SimCluster
+from tests.bridges.helpers import bridge_manager
 from tests.cluster_sim.helpers import sim
 
 # Nothing listens there: the queue keeps what is published, the bridge says why.
@@ -16,7 +17,7 @@ BRIDGE = {"id": "out", "type": "http", "url": "http://127.0.0.1:1/hook", "egress
 
 def bridge_on(c: SimCluster, node_id: str) -> dict[str, Any] | None:
     node = c.running(node_id)
-    return node.services[0].describe("out")
+    return bridge_manager(node).describe("out")
 
 
 def test_a_bridge_posted_on_one_node_runs_on_every_node() -> None:
