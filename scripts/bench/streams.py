@@ -14,10 +14,11 @@ session - clean.
 
 Replay throughput. N messages are stored, then a v3.1.1 client subscribes to
 `$replay/earliest/bench/in/+` at QoS 1 and acknowledges every message; msg/s from the
-SUBSCRIBE to the last message, and the CPU time of the node(s) meanwhile. Once from one
+SUBSCRIBE to the last message, the CPU time of the node(s) meanwhile, and their resident
+memory before and at its peak during the replay (sampled). Once from one
 node, once merged from three (N/3 published on each, the replay asked on the first).
 
-    python scripts/bench/streams.py [--n 30000] [--out FILE]
+    python scripts/bench/streams.py [--n 30000] [--replay-n N] [--out FILE]
 
 Prints one JSON line (and appends it to FILE). Every process started here is stopped
 by its PID; every wait is bounded.
@@ -85,6 +86,7 @@ def replay(port: int, pids: list[int], n: int) -> dict[str, Any]:
     sock.settimeout(5.0)
     try:
         cpu0 = sum(procstat.cpu_seconds(p) for p in pids)
+        rss0 = peak = sum(procstat.rss_bytes(p) for p in pids)
         t0 = time.perf_counter()
         sock.sendall(wire.subscribe_packet("$replay/earliest/bench/in/+", 1))
         end = t0 + WAIT_S
@@ -98,6 +100,8 @@ def replay(port: int, pids: list[int], n: int) -> dict[str, Any]:
                 break
             acks = stream.feed(data)
             t_last = time.perf_counter()
+            if stream.received % 1000 < 50:  # now and then: /proc reads cost the generator's time
+                peak = max(peak, sum(procstat.rss_bytes(p) for p in pids))
             if acks:
                 sock.sendall(acks)
         cpu = sum(procstat.cpu_seconds(p) for p in pids) - cpu0
@@ -107,7 +111,8 @@ def replay(port: int, pids: list[int], n: int) -> dict[str, Any]:
     got = stream.received
     return {"expected": n, "received": got, "seconds": round(seconds, 3),
             "msgs_per_s": round(got / seconds) if seconds else None,
-            "cpu_us_per_msg": round(1e6 * cpu / got, 2) if got else None}
+            "cpu_us_per_msg": round(1e6 * cpu / got, 2) if got else None,
+            "rss_before_mb": round(rss0 / 2**20, 1), "rss_peak_mb": round(peak / 2**20, 1)}
 
 
 def replay_one_node(workdir: Path, n: int) -> dict[str, Any]:
@@ -142,6 +147,7 @@ def replay_three_nodes(workdir: Path, n: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=30000, help="messages per measurement (default 30000)")
+    parser.add_argument("--replay-n", type=int, help="messages stored for the replays (default: --n)")
     parser.add_argument("--out", type=Path, help="append the JSON line to this file")
     args = parser.parse_args(argv)
     persistence.WAIT_S = WAIT_S
@@ -150,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     with TemporaryDirectory(prefix="meshd-bench-streams-") as tmp:
         work = Path(tmp)
         line["publish"] = publish_cost(work, args.n)
-        line["replay_one_node"] = replay_one_node(work, args.n)
-        line["replay_three_nodes"] = replay_three_nodes(work, args.n)
+        line["replay_n"] = replay_n = args.replay_n or args.n
+        line["replay_one_node"] = replay_one_node(work, replay_n)
+        line["replay_three_nodes"] = replay_three_nodes(work, replay_n)
     line["loadavg_after"] = round(_load(), 2)
     text = json.dumps(line)
     print(text)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime, timezone
 import urllib.request
 
 import pytest
@@ -63,6 +65,31 @@ def test_replay_from_earliest_then_live_with_positions(node):
     metrics = urllib.request.urlopen(f"http://{node.http_addr}/metrics", timeout=10).read().decode()
     assert 'meshd_stream_messages{stream="plant/#"} 25' in metrics
     assert "meshd_stream_appended_total 25" in metrics and "meshd_stream_replays_total 2" in metrics
+
+
+def test_replay_from_an_rfc3339_time(node):
+    pub = publisher(node)
+    for i in range(3):
+        pub.publish("plant/t", str(i), qos=1)
+    # The node's wall clock is this machine's: once it passed the next millisecond, the
+    # next messages' stamps are later than the first three's.
+    started = time.time()
+    wait_for(lambda: time.time() >= started + 0.002, what="two milliseconds to pass")
+    for i in range(3, 6):
+        pub.publish("plant/t", str(i), qos=1)
+    first = StreamClient("all")
+    first.connect(node.port)
+    assert first.replay("plant/t", "earliest")[0] == [1]
+    positions = [position(m) for m in first.expect(6)]
+    wall_ms = int(positions[3][:12], 16)
+    assert wall_ms > int(positions[2][:12], 16)
+    # The 4th message's stamp as an RFC 3339 time: that message and the later ones.
+    when = datetime.fromtimestamp(wall_ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    later = StreamClient("later")
+    later.connect(node.port)
+    assert later.replay("plant/t", when)[0] == [1]
+    assert [position(m) for m in later.expect(3)] == positions[3:]
+    later.expect_none()
 
 
 def test_v311_replay_topic_form(node):
