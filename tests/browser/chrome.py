@@ -1,6 +1,8 @@
 """Headless Chromium for the browser tests: Debian's `chromium` and `chromium-driver`
 (scripts/test installs them) driven by Selenium, and the directory the screenshots go
-to ($MESHD_SCREENSHOTS, or the test's tmp dir; the path is printed)."""
+to ($DASHBOARD_SCREENSHOTS, or the test's tmp dir; the path is printed). Not a MESHD_*
+variable: meshd refuses an environment variable of its prefix that names no setting,
+and the nodes under test inherit the environment."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def start_chromium() -> webdriver.Chrome:
 
 
 def screenshot_dir(tmp_path_factory: Any) -> Path:
-    where = os.environ.get("MESHD_SCREENSHOTS")
+    where = os.environ.get("DASHBOARD_SCREENSHOTS")
     path = Path(where) if where else tmp_path_factory.mktemp("screenshots")
     path.mkdir(parents=True, exist_ok=True)
     print(f"\nscreenshots: {path}")

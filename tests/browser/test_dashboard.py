@@ -3,7 +3,7 @@
 client shows up in the client search and can be kicked; a cluster setting changed on
 the page spreads; the WebSocket panel's messages reach a paho subscriber and the
 reverse; a killed node shows suspect, then dead; with a token, only the login form
-until the token is given. Each page is saved as a screenshot ($MESHD_SCREENSHOTS or
+until the token is given. Each page is saved as a screenshot ($DASHBOARD_SCREENSHOTS or
 the test's tmp dir, printed).
 
 The tests of this module run in order on one cluster and one browser; the node is
