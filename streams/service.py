@@ -43,6 +43,7 @@ READ_QUERY = "stream_read"
 PAGE_MESSAGES = 512
 PAGE_BYTES = 1 << 20
 SCAN_LIMIT = 20_000  # records read for one page at most (a filter that matches few)
+PAGE_TIMEOUT = 10.0  # a busy node may take a while to read a page; a dead one fails at once (connection refused)
 COMPACT_INTERVAL = 1.0
 DURABLE_POLL = 0.002
 
@@ -205,7 +206,7 @@ class StreamService:
             if self.members.member_state(node) not in ("alive", "suspect"):
                 raise FetchFailed("not alive")
             try:
-                reply = await self.queries.ask(node, READ_QUERY, args)
+                reply = await self.queries.ask(node, READ_QUERY, args, timeout=PAGE_TIMEOUT)
             except QueryFailed as exc:
                 text = str(exc)
                 if text.startswith("unknown query") or "unanswered" in text:
