@@ -416,9 +416,8 @@ class Client:
                 data = patch_publish(data, packet_id=packet_id)
         self.broker.stats.messages_out[d.qos] += 1
         self.write(data)
-        hooks = self.broker.hooks
-        if hooks.message_delivered:
-            hooks.notify(HookPoint.MESSAGE_DELIVERED, self.client_id, d.message)
+        if self.broker.hooks.message_delivered:
+            self.broker.hooks.notify(HookPoint.MESSAGE_DELIVERED, self.client_id, d.message)
 
     def _drop_too_large(self, msg: Message, packet_id: int | None) -> None:
         # MQTT-3.1.2-25: too big for this client: discard as if delivered.
@@ -517,6 +516,9 @@ class Client:
                 self.pending_publish = (p, started)
                 return True
             self.route_publish(p, started, now)
+            return False
+        if qos == 0 and not hooks.message_dropped:
+            broker.publish(msg, now)  # nothing to acknowledge, no hook to tell: the hot path, one call
             return False
         self.route_publish(p, msg, now)
         return False
