@@ -36,6 +36,7 @@ from session_store.model import Message
 
 log = logging.getLogger("meshd.rules")
 
+TOPIC_MEMORY = 10_000  # topics whose matching rules are remembered (a cache: cleared when full)
 EVENT_QUEUE = 1024  # event outputs waiting for their actions; past it they are counted failed
 PRIORITY = -50  # after plugins at message.publish (rules see what they let through), before the bridges' egress (-100)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -137,6 +138,7 @@ class RuleEngine:
         self.refused: dict[str, str] = {}  # rule id -> why a cluster rule cannot run here
         self._file_rules: dict[str, Rule] = {}  # this node's [[rules]], by id
         self._by_filter: TopicTrie[str] = TopicTrie()
+        self._rules_by_topic: dict[str, tuple[Rule, ...]] = {}  # topic -> its rules (`_match`), until a change
         self._publish_hook: Registration | None = None
         self._event_hooks: dict[str, Registration] = {}
         self._events_send, self._events_receive = trio.open_memory_channel[tuple[Rule, dict[str, Any], RuleInput]](EVENT_QUEUE)
@@ -204,6 +206,7 @@ class RuleEngine:
 
     def _rewire(self) -> None:
         """Keep a callback at exactly the hook points some rule reads."""
+        self._rules_by_topic.clear()
         wants_messages = any(r.query.topic_filters for r in self.rules.values())
         if wants_messages and self._publish_hook is None:
             self._publish_hook = self.hooks.add(HookPoint.MESSAGE_PUBLISH, self._on_publish, PRIORITY, "rules")
@@ -225,14 +228,30 @@ class RuleEngine:
     def _on_publish(self, msg: Message) -> Awaitable[None] | None:
         """message.publish: evaluate the matching rules now; a coroutine that runs their
         actions when some rule passed (awaited before the PUBACK), else None."""
-        matches = self._by_filter.match_filters(msg.topic)
-        if not matches:
+        rules = self._rules_by_topic.get(msg.topic)
+        if rules is None:
+            rules = self._match(msg.topic)
+        if not rules:
             return None
-        ids = dict.fromkeys(rule_id for _, rule_ids in matches for rule_id in rule_ids)
+        publisher = msg.publisher
         source = RuleInput.of_message(msg, event="message.publish", node=self.node_id, timestamp=self._now_ms(),
-                                      username=self._usernames(msg.publisher) if self._usernames and msg.publisher else None)
-        outputs = [out for out in (self._evaluate(self.rules[i], source) for i in ids) if out is not None]
+                                      username=self._usernames(publisher) if self._usernames and publisher else None)
+        outputs = None
+        for rule in rules:
+            out = self._evaluate(rule, source)
+            if out is not None:
+                outputs = [out] if outputs is None else outputs + [out]
         return self._run_all(outputs, source) if outputs else None
+
+    def _match(self, topic: str) -> tuple[Rule, ...]:
+        """The rules whose filters match `topic` (each once), remembered per topic until
+        the rules change; the memory is bounded (cleared when full)."""
+        matches = self._by_filter.match_filters(topic)
+        rules = tuple(self.rules[i] for i in dict.fromkeys(i for _, ids in matches for i in ids))
+        if len(self._rules_by_topic) >= TOPIC_MEMORY:
+            self._rules_by_topic.clear()
+        self._rules_by_topic[topic] = rules
+        return rules
 
     def _evaluate(self, rule: Rule, source: RuleInput) -> tuple[Rule, dict[str, Any]] | None:
         metrics = rule.metrics

@@ -69,11 +69,27 @@ class RuleInput:
     @classmethod
     def of_message(cls, msg: Message, *, event: str, node: str, timestamp: int, username: str | None = None,
                    clientid: str | None = None, reason: str | None = None) -> "RuleInput":
+        # Slots set directly: this runs once per message a rule reads (the hot path).
+        self = cls.__new__(cls)
         props = msg.properties.user_properties
-        return cls(event, node=node, timestamp=timestamp, clientid=clientid if clientid is not None else msg.publisher,
-                   username=username, topic=msg.topic, qos=msg.qos, retain=msg.retain, payload=msg.payload,
-                   user_properties=dict(props) if props else None, id=f"{msg.origin}:{msg.msg_id}", reason=reason,
-                   message=msg)
+        self.event = event
+        self.node = node
+        self.timestamp = timestamp
+        self.clientid = clientid if clientid is not None else msg.publisher
+        self.username = username
+        self.topic = msg.topic
+        self.qos = msg.qos
+        self.retain = msg.retain
+        self.payload = msg.payload
+        self.user_properties = dict(props) if props else {}
+        self.id = f"{msg.origin}:{msg.msg_id}"
+        self.peer = None
+        self.reason = reason
+        self.protocol = None
+        self.message = msg
+        self._json = _UNSET
+        self._text = None
+        return self
 
     def payload_text(self) -> str:
         if self._text is None:
