@@ -19,8 +19,8 @@
     GET  /api/v1/clients          clients and their sessions, cluster-wide (paged, filtered)
     GET  /api/v1/clients/{client_id}        one client: connection, session, subscriptions
     DELETE /api/v1/sessions/{client_id}     end a session wherever it is
-    GET  /api/v1/delayed          this node's pending delayed messages (`mesh.delayed_ops`,
-    GET  /api/v1/delayed/{id}     given as extra routes);  DELETE: cancel one
+    GET  /api/v1/delayed          pending delayed messages, cluster-wide (`mesh.delayed_ops`,
+    GET  /api/v1/delayed/{id}     given as extra routes);  DELETE: cancel one wherever it is
     GET  /api/v1/subscriptions    subscriptions, cluster-wide (?topic= who gets that topic)
     GET  /api/v1/bridges          every bridge on this node: config, status, metrics
     POST /api/v1/bridges          a bridge's table: add or replace it on every node

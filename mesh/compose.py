@@ -47,7 +47,7 @@ from mesh.bridging import add_bridge_metrics, bridge_configs, bridge_routes, bui
 from mesh.broker import Broker, BrokerLimits
 from mesh.config import ConfigError, Settings, resolve_node_id
 from mesh.config_sync import ConfigSync
-from mesh.delayed_ops import delayed_metrics, delayed_routes
+from mesh.delayed_ops import delayed_answers, delayed_metrics, delayed_routes
 from mesh.doorbell import Doorbell
 from mesh.extensions import add_extension_metrics, build_rule_engine, load_node_plugins
 from mesh.extensions_api import plugin_routes, rule_routes
@@ -186,14 +186,15 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     delayed_metrics(metrics, delayed)
     add_extension_metrics(metrics, hooks=hooks, plugins=plugins, rules=rules)
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
-    inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock)
+    inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock,
+                          extra_answers=delayed_answers(delayed))
     history = RateHistory(broker=broker, store=store, clock=clock)  # the dashboard's last ten minutes
     api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
                        broker=broker, gossip=gossip, partitions=partitions, cluster=cluster,
                        config_sync=config_sync, metrics=metrics, inventory=inventory,
                        node_stats=NodeStats(broker=broker, store=store, history=history,
                                             store_dir=os.path.join(settings.data_dir, "sessions")),
-                       extra_routes=[*bridge_routes(bridges, config_sync), *delayed_routes(delayed),
+                       extra_routes=[*bridge_routes(bridges, config_sync), *delayed_routes(inventory),
                                      *rule_routes(node_id=node_id, rules=rules, config_sync=config_sync),
                                      *plugin_routes(node_id=node_id, plugins=plugins, hooks=hooks)],
                        streams=streams)

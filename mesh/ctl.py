@@ -11,9 +11,9 @@
     meshd ctl config get KEY             one setting
     meshd ctl config set KEY VALUE       change a cluster-wide setting (every node applies it)
     meshd ctl config set acl @FILE       enforce an ACL file's rules on every node
-    meshd ctl delayed list [--limit N] [--after ID]   this node's pending delayed messages
+    meshd ctl delayed list [--limit N] [--after ID] [--node NODE_ID]   pending delayed messages, cluster-wide
     meshd ctl delayed show ID            one pending delayed message
-    meshd ctl delayed cancel ID          cancel it
+    meshd ctl delayed cancel ID          cancel it, wherever it is
     meshd ctl rules list                 every rule, with its metrics (matched, passed, failed, actions)
     meshd ctl rules show RULE_ID         one rule, its SQL, actions, metrics and last error
     meshd ctl rules add RULE_ID SQL [--action JSON]...   add (or replace) a rule on every node
@@ -147,11 +147,12 @@ def build_parser() -> Parser:
     command(config, "get", "one setting: its value in effect and its source").add_argument("key", metavar="KEY")
     command(config, "list", "every setting: its value in effect and its source")
 
-    delayed = command(sub, "delayed", "this node's pending delayed messages ($delayed/...)").add_subparsers(
+    delayed = command(sub, "delayed", "pending delayed messages ($delayed/...), cluster-wide").add_subparsers(
         dest="action", required=True, metavar="ACTION")
     delayed_list = command(delayed, "list", "pending delayed messages in due order")
     delayed_list.add_argument("--limit", metavar="N", type=_limit, help="rows per page, 1..1000 (default 100)")
     delayed_list.add_argument("--after", metavar="ID", help="the page after this id (printed under a full page)")
+    delayed_list.add_argument("--node", metavar="NODE_ID", help="only the messages this node keeps")
     command(delayed, "show", "one pending delayed message").add_argument("id", metavar="ID")
     command(delayed, "cancel", "cancel a pending delayed message").add_argument("id", metavar="ID")
 
@@ -199,7 +200,7 @@ def _request(args: argparse.Namespace) -> Request:
         return Request("GET", "/api/v1/subscriptions" + _query(args, _SUBS_QUERY))
     if command == "delayed":
         if action == "list":
-            return Request("GET", "/api/v1/delayed" + _query(args, ("limit", "after")))
+            return Request("GET", "/api/v1/delayed" + _query(args, ("limit", "after", "node")))
         return Request("GET" if action == "show" else "DELETE", f"/api/v1/delayed/{_path_id(args.id)}")
     if command == "config":
         if action == "set":

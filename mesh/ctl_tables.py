@@ -184,17 +184,17 @@ def format_cluster(body: dict[str, Any]) -> str:
 
 def format_delayed(body: dict[str, Any]) -> str:
     """`meshd ctl delayed list`: pending delayed messages in due order."""
-    rows = [(d["id"], d["topic"], d["due"], d["origin"], d["qos"], d["retain"]) for d in body["data"]]
-    headers = ("ID", "TOPIC", "DUE", "ORIGIN", "QOS", "RETAIN")
+    rows = [(d["id"], d["topic"], d["due"], d["origin"], d["node"], d["qos"], d["retain"]) for d in body["data"]]
+    headers = ("ID", "TOPIC", "DUE", "ORIGIN", "NODE", "QOS", "RETAIN")
     return "\n".join([table(headers, rows), *_footer(body, "delayed messages")])
 
 
 def format_delayed_one(body: dict[str, Any]) -> str:
     """`meshd ctl delayed show|cancel ID`: one message, a field a line."""
-    lines = [f"cancelled {body['cancelled']}"] if "cancelled" in body else []
-    names = ("id", "topic", "due", "due_in_s", "received_at", "origin", "qos", "retain", "publisher",
+    lines = [f"cancelled {body['cancelled']} on {', '.join(body.get('nodes', []))}"] if "cancelled" in body else []
+    names = ("id", "topic", "due", "due_in_s", "received_at", "origin", "node", "qos", "retain", "publisher",
              "payload_bytes", "expires_at")
-    return "\n".join(lines + [f"{name}: {_cell(body.get(name))}" for name in names])
+    return "\n".join(lines + [f"{name}: {_cell(body.get(name))}" for name in names] + _footer(body, "", paged=False))
 
 
 def _rule_row(rule: dict[str, Any]) -> tuple[object, ...]:

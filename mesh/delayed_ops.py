@@ -1,8 +1,10 @@
-"""The operator's side of delayed publish (`delayed.service`): the HTTP routes and
-the metrics. This node's pending messages (each node keeps those published through it;
-`origin` names it):
+"""The operator's side of delayed publish (`delayed.service`): the HTTP routes and the
+metrics. Each node keeps the delayed messages published through it (`origin`); asked
+on any node, the routes answer for the whole cluster, each member for its own (a
+cluster query, as `mesh.inventory` puts them; members that did not answer are listed
+in `missing`):
 
-    GET    /api/v1/delayed          pending messages in due order (?limit=, ?after=ID)
+    GET    /api/v1/delayed          pending messages in due order (?limit=, ?after=ID, ?node=)
     GET    /api/v1/delayed/{id}     one pending message
     DELETE /api/v1/delayed/{id}     cancel it
 """
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Awaitable, Callable, Iterable, Protocol
+from dataclasses import asdict
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
-from delayed.records import DelayedEntry
+from delayed.records import DelayedEntry, id_to_key
 from delayed.service import DelayedStats
 from mesh.http_api import HttpError, Request, Response, error_response, json_response
+from mesh.inventory import Answer, Missing
 from mesh.metrics import Metrics
 
 DEFAULT_LIMIT = 100
@@ -33,6 +37,13 @@ class OperatedDelayed(Protocol):
     def get(self, ident: str) -> DelayedEntry | None: ...
     def cancel(self, ident: str) -> DelayedEntry | None: ...
     def row(self, entry: DelayedEntry) -> dict[str, object]: ...
+
+
+class ClusterAsk(Protocol):
+    """`mesh.inventory.Inventory.ask_all`: every member's answer, and who gave none."""
+
+    async def ask_all(self, query: str, args: Mapping[str, Any],
+                      node: str | None = None) -> tuple[dict[str, Any], list[Missing]]: ...
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -56,36 +67,108 @@ def _with_iso(row: dict[str, object]) -> dict[str, object]:
     return out
 
 
-def delayed_routes(delayed: OperatedDelayed) -> list[tuple[str, str, Handler]]:
+# -- each member's answers, for what it holds ----------------------------------------------
+
+
+def delayed_answers(delayed: OperatedDelayed) -> dict[str, Answer]:
+    """The cluster queries a node answers about its own delayed messages."""
+
+    def listing(peer: str, args: Mapping[str, Any]) -> object:
+        limit = int(args["limit"])
+        after = args.get("after")
+        entries = delayed.page(str(after) if after else None, limit)
+        return {"items": [_with_iso(delayed.row(e)) for e in entries], "count": delayed.pending,
+                "more": len(entries) == limit}
+
+    def one(peer: str, args: Mapping[str, Any]) -> object:
+        entry = delayed.get(str(args["id"]))
+        return {"item": None if entry is None else _with_iso(delayed.row(entry))}
+
+    def cancel(peer: str, args: Mapping[str, Any]) -> object:
+        entry = delayed.cancel(str(args["id"]))
+        return {"item": None if entry is None else _with_iso(delayed.row(entry))}
+
+    return {"delayed_list": listing, "delayed_get": one, "delayed_cancel": cancel}
+
+
+# -- the routes: the cluster's answer ---------------------------------------------------------
+
+
+def _missing(missing: list[Missing]) -> list[dict[str, str]]:
+    return [asdict(m) for m in missing]
+
+
+def _order(row: Mapping[str, Any]) -> tuple[int, int, str]:
+    """Due order across nodes: the id is `<due ms>-<message id>`."""
+    due, _, msg = str(row["id"]).partition("-")
+    return int(due), int(msg), str(row.get("node", ""))
+
+
+def _well_formed(row: object) -> bool:
+    return isinstance(row, dict) and isinstance(row.get("id"), str) and id_to_key(row["id"]) is not None
+
+
+def delayed_routes(cluster: ClusterAsk) -> list[tuple[str, str, Handler]]:
     """The routes above, for `mesh.api.build_router`'s `extra_routes` (guarded like the others)."""
+
     async def listing(request: Request) -> Response:
-        text = request.query.get("limit", str(DEFAULT_LIMIT))
+        q = request.query
+        text = q.get("limit", str(DEFAULT_LIMIT))
         if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
             raise HttpError(400, f"limit: expected an integer 1..{MAX_LIMIT}, not {text!r}")
         limit = int(text)
-        try:
-            entries = delayed.page(request.query.get("after") or None, limit)
-        except ValueError as exc:
-            return error_response(400, str(exc))
-        rows = [_with_iso(delayed.row(e)) for e in entries]
-        return json_response({"data": rows, "meta": {"count": delayed.pending, "limit": limit,
-                                                     "next": entries[-1].id if len(entries) == limit else None},
-                              "missing": []})
+        args: dict[str, object] = {"limit": limit}
+        after = q.get("after") or None
+        if after is not None:
+            if id_to_key(after) is None:
+                return error_response(400, f"after: {after!r} is not a delayed message id")
+            args["after"] = after
+        answers, missing = await cluster.ask_all("delayed_list", args, q.get("node") or None)
+        rows: list[dict[str, Any]] = []
+        count = 0
+        more = False
+        for peer, answer in sorted(answers.items()):
+            try:
+                rows.extend(r for r in answer["items"] if _well_formed(r))
+                count += int(answer["count"])
+                more = more or bool(answer["more"])
+            except (KeyError, TypeError, ValueError):
+                missing.append(Missing(peer, "bad answer"))
+        rows.sort(key=_order)
+        page = rows[:limit]
+        more = more or len(rows) > limit
+        return json_response({"data": page, "meta": {"count": count, "limit": limit,
+                                                     "next": page[-1]["id"] if more and page else None},
+                              "missing": _missing(missing)})
+
+    async def found(query: str, ident: str) -> tuple[list[tuple[str, dict[str, Any]]], list[Missing]]:
+        answers, missing = await cluster.ask_all(query, {"id": ident})
+        hits = [(peer, a["item"]) for peer, a in sorted(answers.items())
+                if isinstance(a, dict) and isinstance(a.get("item"), dict)]
+        return hits, missing
 
     async def inspect(request: Request) -> Response:
-        entry = delayed.get(request.path_params["id"])
-        if entry is None:
-            return error_response(404, f"{request.path_params['id']}: no such pending delayed message")
-        return json_response(_with_iso(delayed.row(entry)))
+        ident = request.path_params["id"]
+        hits, missing = await found("delayed_get", ident)
+        if not hits:
+            return json_response({"error": f"{ident}: no such pending delayed message on the members that answered",
+                                  "missing": _missing(missing)}, 404)
+        return json_response({**hits[0][1], "missing": _missing(missing)})
 
     async def cancel(request: Request) -> Response:
-        entry = delayed.cancel(request.path_params["id"])
-        if entry is None:
-            return error_response(404, f"{request.path_params['id']}: no such pending delayed message")
-        return json_response({"cancelled": entry.id, **_with_iso(delayed.row(entry))})
+        ident = request.path_params["id"]
+        hits, missing = await found("delayed_cancel", ident)
+        if not hits:
+            return json_response({"error": f"{ident}: no such pending delayed message on the members that answered",
+                                  "missing": _missing(missing)}, 404)
+        return json_response({"cancelled": ident, "nodes": [peer for peer, _ in hits], **hits[0][1],
+                              "missing": _missing(missing)})
 
     return [("GET", "/api/v1/delayed", listing), ("GET", "/api/v1/delayed/{id}", inspect),
             ("DELETE", "/api/v1/delayed/{id}", cancel)]
+
+
+# -- metrics ----------------------------------------------------------------------------------
 
 
 def _quantiles(values: Iterable[float]) -> dict[str, float]:

@@ -40,6 +40,9 @@ from session_store.model import Session, SubscriptionOptions
 
 log = logging.getLogger("meshd.inventory")
 
+# One more question a member answers for what it holds: (asking member, arguments) -> result.
+Answer = Callable[[str, Mapping[str, Any]], object]
+
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 DETAIL_ROWS = 100  # inflight and queued messages listed in a client's detail (counts are whole)
@@ -209,8 +212,10 @@ class Inventory:
     """The local answers, and the cluster-wide questions built on them."""
 
     def __init__(self, *, node_id: str, broker: InventoryBroker, gossip: Members, queries: MeshQueries,
-                 clock: Clock) -> None:
+                 clock: Clock, extra_answers: Mapping[str, Answer] | None = None) -> None:
         self.node_id = node_id
+        # More questions this node answers for what it holds (delayed messages), by name.
+        self.extra_answers = dict(extra_answers or {})
         self.broker = broker
         self.gossip = gossip
         self.queries = queries
@@ -241,6 +246,9 @@ class Inventory:
             if deleted:
                 log.info("session %s discarded (asked by %s)", client_id, peer)
             return {"deleted": deleted}
+        extra = self.extra_answers.get(query)
+        if extra is not None:
+            return extra(peer, args)
         raise UnknownQuery(query)
 
     def _clients(self, flt: ClientFilter, after: Sequence[str] | None, limit: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from mesh.http_client import request_json
 from tests.cluster.test_membership_processes import view
 from tests.cluster.test_mesh_processes import cluster3, start_cluster, wait_route  # noqa: F401  (fixture)
-from tests.support import Client, wait_for
+from tests.support import Client, run_cli, wait_for
 
 
 def pending(node) -> list[dict]:
@@ -38,21 +38,31 @@ def metric(node, name: str) -> float:
 
 
 def test_a_message_delayed_on_a_reaches_a_subscriber_on_c(cluster3):
-    a, c = cluster3["A"], cluster3["C"]
+    a, b, c = cluster3["A"], cluster3["B"], cluster3["C"]
     sub = Client("sub-c", version=5)
     sub.connect(c.port)
     sub.subscribe("far/#", 1)
     wait_route(cluster3.values(), "far/#", {"C"})
     pub = Client("pub-a", version=5)
     pub.connect(a.port)
-    pub.publish("$delayed/1/far/x", b"over there", qos=1)
-    [row] = pending(a)
-    assert row["origin"] == "A" and row["topic"] == "far/x"
-    assert pending(c) == []  # kept by the node it was published through
+    pub.publish("$delayed/600/far/never", b"cancelled", qos=1)
+    pub.publish("$delayed/2/far/x", b"over there", qos=1)
+    # Kept by the node it was published through; listed, inspected and cancelled from any.
+    rows = pending(c)
+    assert [(r["topic"], r["origin"], r["node"]) for r in rows] == [("far/x", "A", "A"), ("far/never", "A", "A")]
+    assert [r["id"] for r in pending(b)] == [r["id"] for r in rows]
+    status, one = request_json(b.http_addr, "GET", f"/api/v1/delayed/{rows[1]['id']}")
+    assert status == 200 and one["topic"] == "far/never" and one["node"] == "A" and one["missing"] == []
+    out = run_cli(["ctl", "--http", c.http_addr, "delayed", "cancel", rows[1]["id"]])
+    assert out.returncode == 0 and f"cancelled {rows[1]['id']}" in out.stdout, out.stderr
+    listed = run_cli(["ctl", "--http", b.http_addr, "delayed", "list"])
+    assert listed.returncode == 0 and "far/x" in listed.stdout and "far/never" not in listed.stdout
+    assert "1 of 1 delayed messages" in listed.stdout
     [msg] = sub.expect(1, timeout=15)
-    assert time.time() >= row["due_at"]
+    assert time.time() >= rows[0]["due_at"]
     assert msg.topic == "far/x" and msg.payload == b"over there"
-    assert metric(a, "meshd_delayed_fired_total") == 1
+    assert metric(a, "meshd_delayed_fired_total") == 1 and metric(a, "meshd_delayed_cancelled_total") == 1
+    assert pending(c) == []
 
 
 def node_lateness_ms(node) -> dict[str, float]:
