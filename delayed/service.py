@@ -25,7 +25,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import trio
 
@@ -67,6 +67,15 @@ class Publisher(Protocol):
     def publish(self, msg: Message, now: float, *, gate: AckGate | None = ..., replay: bool = ...) -> int: ...
 
 
+class PublishHooks(Protocol):
+    """The message.publish chain (`hooks.Hooks`): rules and bridges see a delayed
+    message when it is published, on its target topic, as any other."""
+
+    @property
+    def message_publish(self) -> Sequence[object]: ...
+    async def run_publish(self, message: Message) -> Message | None: ...
+
+
 class Bell(Protocol):
     """`mesh.doorbell.Doorbell`: rung by `DelayedMessages` when an earlier message comes in."""
 
@@ -83,6 +92,7 @@ class DelayedStats:
     expired: int = 0  # due, but their message expiry had passed: not published
     refused: int = 0  # `$delayed/...` PUBLISHes refused (bad delay or target)
     unreadable: int = 0  # stored records that could not be read (logged, skipped)
+    dropped_by_hook: int = 0  # due, and dropped by a message.publish callback (a rule, a plugin)
     # How late the last on-time firings were (ms after their due time), for the metrics.
     lateness_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENESS_KEPT))
 
@@ -224,8 +234,10 @@ class DelayedRunner:
     """The Trio driver: fires due messages through `publisher` at their time."""
 
     def __init__(self, *, messages: DelayedMessages, publisher: Publisher, clock: Clock, doorbell: Bell,
-                 routes_known: Callable[[], bool], start_grace: float = START_GRACE) -> None:
+                 routes_known: Callable[[], bool], start_grace: float = START_GRACE,
+                 hooks: PublishHooks | None = None) -> None:
         self.messages = messages
+        self.hooks = hooks
         self.publisher = publisher
         self.clock = clock
         self.doorbell = doorbell
@@ -247,7 +259,7 @@ class DelayedRunner:
         while True:
             self.doorbell.clear()
             messages.load()
-            if self.fire(self.clock.wall()) == FIRE_BATCH:
+            if await self.fire(self.clock.wall()) == FIRE_BATCH:
                 await trio.sleep(0)  # more are due: let the connections run between batches
                 continue
             due = messages.schedule.next_due()
@@ -265,8 +277,9 @@ class DelayedRunner:
             self._unacked = [(gate, key) for gate, key in self._unacked if gate.waiting]
             self.messages.delete(done)
 
-    def fire(self, now: float) -> int:
-        """Publish what is due at `now` (at most FIRE_BATCH); how many were taken."""
+    async def fire(self, now: float) -> int:
+        """Publish what is due at `now` (at most FIRE_BATCH); how many were taken. With
+        message.publish callbacks, each message passes them first (they may await)."""
         messages = self.messages
         due = messages.take_due(now, FIRE_BATCH)
         stats = messages.stats
@@ -280,6 +293,15 @@ class DelayedRunner:
                 log.info("delayed message %s to %s expired before its time: not published", entry.id, msg.topic)
                 done.append(entry.key)
                 continue
+            hooks = self.hooks
+            if hooks is not None and hooks.message_publish:
+                hooked = await hooks.run_publish(msg)
+                if hooked is None:
+                    stats.dropped_by_hook += 1
+                    done.append(entry.key)
+                    continue
+                msg = hooked
+                now = self.clock.wall()
             # Due before this start: it may have gone out before a kill -9 (its delete
             # not yet recorded): forwarded as a replay, which a node that took it drops.
             was_due = entry.due < started

@@ -166,8 +166,9 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
         held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
     )
+    # Rules and bridges see a delayed message when it is published (message.publish).
     delayed_runner = DelayedRunner(messages=delayed, publisher=broker, clock=clock, doorbell=delayed_changed,
-                                   routes_known=lambda: _routes_known(gossip.alive_members(), mesh.table.remote,
+                                   hooks=hooks, routes_known=lambda: _routes_known(gossip.alive_members(), mesh.table.remote,
                                                                       seeded=bool(settings.seed)))
     # Config sync lives through its gossip handlers; the API reads and changes it.
     config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,

@@ -161,7 +161,7 @@ def test_ten_thousand_delayed_messages_across_a_kill_9_and_restart(tmp_path):
         # an idle machine: README "Delayed publish").
         assert fired_late["0.5"] <= 100
         assert lateness[-1] < 3.0
-        assert 0 < late < n / 4
+        assert 0 < late < n / 2  # the restart took a few seconds, not most of the run
         assert metric(a, "meshd_delayed_late_total") > 0
         assert metric(a, "meshd_delayed_pending") == 0
         sub.expect_none(0.3)

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from clock import TrioClock
-from delayed.service import DelayedMessages, DelayedRunner
+from delayed.service import DelayedMessages, DelayedRunner, PublishHooks
 from mesh.compose import build_node
 from mesh.doorbell import Doorbell
 from mqtt import EMPTY_PROPERTIES, Properties
@@ -60,7 +60,7 @@ def message(n: int, topic: str = "t", props: Properties = EMPTY_PROPERTIES) -> M
 
 
 async def start(nursery: trio.Nursery, disk: MemoryDisk, clock: TrioClock, window: int = 2048,
-                remote: bool = False) -> tuple[DelayedMessages, Recorder, MemoryStore]:
+                remote: bool = False, hooks: PublishHooks | None = None) -> tuple[DelayedMessages, Recorder, MemoryStore]:
     dirty = Doorbell()
     store = MemoryStore(on_dirty=dirty.ring, disk=disk)
     bell = Doorbell()
@@ -68,7 +68,7 @@ async def start(nursery: trio.Nursery, disk: MemoryDisk, clock: TrioClock, windo
                                window=window)
     recorder = Recorder(clock, remote)
     runner = DelayedRunner(messages=messages, publisher=recorder, clock=clock, doorbell=bell,
-                           routes_known=lambda: True)
+                           routes_known=lambda: True, hooks=hooks)
     nursery.start_soon(commit_forever, store, dirty)
     nursery.start_soon(runner.run)
     return messages, recorder, store
@@ -207,3 +207,41 @@ def test_a_fired_message_stays_stored_until_its_forward_is_acknowledged_and_fire
 
     trio.run(before_kill, clock=trio.testing.MockClock(autojump_threshold=0))
     trio.run(after_restart, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+class SlowHooks:
+    """A message.publish chain: a callback that takes 50 ms (a bridge's durable enqueue),
+    drops `t/drop` and stamps the rest."""
+
+    message_publish = ("one callback",)
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def run_publish(self, message: Message) -> Message | None:
+        self.seen.append(message.topic)
+        await trio.sleep(0.05)
+        if message.topic == "t/drop":
+            return None
+        return Message(message.topic, message.payload + b"!", message.qos, message.retain, message.properties,
+                       msg_id=message.msg_id, origin=message.origin)
+
+
+def test_message_publish_callbacks_see_a_delayed_message_when_it_is_published() -> None:
+    async def main() -> None:
+        clock = TrioClock(wall_epoch=EPOCH)
+        hooks = SlowHooks()
+        async with trio.open_nursery() as nursery:
+            messages, recorder, _ = await start(nursery, MemoryDisk(), clock, hooks=hooks)
+            messages.accept(message(1, "t/drop"), 5, clock.wall())
+            kept = messages.accept(message(2, "t/keep"), 5, clock.wall())
+            await trio.sleep(1)
+            assert hooks.seen == []  # not at receipt: at its time, on its target topic
+            await trio.sleep(4.2)
+            assert hooks.seen == ["t/drop", "t/keep"]
+            assert [(m.topic, m.payload) for _, m in recorder.published] == [("t/keep", b"2!")]
+            assert recorder.published[0][0] == kept.due + 0.1  # after both callbacks' awaits
+            assert messages.stats.dropped_by_hook == 1 and messages.stats.fired == 1 and messages.pending == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
