@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # after the project: scripts/bench/streams.py is no package
 
 import loadgen  # noqa: E402
 from tests.bridges.mosquitto import Mosquitto  # noqa: E402

@@ -6,9 +6,8 @@ QoS 1 messages at a fixed total rate and note which were acknowledged. Mosquitto
 stopped (its state saved: the collector's persistent session), meshd is killed with
 SIGKILL in the middle of the outage and started again on the same data directory, then
 Mosquitto comes back. A collector subscribed on Mosquitto (persistent session, QoS 1)
-must receive every acknowledged message, in order per publisher: the order meshd
-acknowledged them in (a message the client library sent again after the restart is
-accepted, and queued, after those that went through meanwhile).
+must receive every acknowledged message, in order per publisher: a message acknowledged
+before its publisher sent the next one arrives before it.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ class OutageParams:
 
 @dataclass
 class OutageResult:
-    acked: dict[int, list[int]] = field(default_factory=dict)  # publisher -> acknowledged seqs, in PUBACK order
+    acked: dict[int, list[int]] = field(default_factory=dict)  # publisher -> acknowledged seqs
     received: dict[int, list[int]] = field(default_factory=dict)  # publisher -> seqs in arrival order
     missing: dict[int, list[int]] = field(default_factory=dict)
     out_of_order: dict[int, int] = field(default_factory=dict)  # first arrivals that went backwards
@@ -108,11 +107,17 @@ class Publisher(threading.Thread):
         self.port = port
         self.interval = interval
         self.stop_event = stop
-        self.acked: list[int] = []
         self.errors = 0
         self._lock = threading.Lock()
+        self._acks = 0  # PUBACKs so far: each acknowledgement's place in their order
+        self._acked: list[tuple[int, int]] = []  # (place, our number)
         self._seq_of: dict[int, int] = {}  # paho message id -> our number, until acknowledged
-        self._early: set[int] = set()  # acknowledged before publish() returned its id
+        self._early: dict[int, int] = {}  # acknowledged before publish() returned its id: id -> place
+        # Causality: a global count of publishes and PUBACKs, at each message's publish and PUBACK.
+        self._events = 0
+        self.published_event: dict[int, int] = {}
+        self.acked_event: dict[int, int] = {}
+        self._early_event: dict[int, int] = {}
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"outage-pub-{index}", protocol=mqtt.MQTTv311)
         self.c.max_inflight_messages_set(100)
         self.c.reconnect_delay_set(0.05, 0.5)
@@ -122,15 +127,26 @@ class Publisher(threading.Thread):
         self.c.on_connect = lambda c, u, f, rc, p: self.connected.set()
 
     def _disconnected(self) -> None:
-        self.errors += 1
+        with self._lock:
+            self.errors += 1
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any) -> None:
         with self._lock:
+            self._acks += 1
+            self._events += 1
             seq = self._seq_of.pop(mid, None)
             if seq is None:
-                self._early.add(mid)
+                self._early[mid] = self._acks
+                self._early_event[mid] = self._events
             else:
-                self.acked.append(seq)
+                self._acked.append((self._acks, seq))
+                self.acked_event[seq] = self._events
+
+    @property
+    def acked(self) -> list[int]:
+        """The acknowledged numbers in the order the PUBACKs came."""
+        with self._lock:
+            return [seq for _, seq in sorted(self._acked)]
 
     def outstanding(self) -> int:
         with self._lock:
@@ -147,9 +163,11 @@ class Publisher(threading.Thread):
         while not self.stop_event.is_set():
             info = self.c.publish("load/%d" % self.index, f"{self.index}:{seq}".encode(), qos=1)
             with self._lock:
+                self._events += 1
+                self.published_event[seq] = self._events
                 if info.mid in self._early:
-                    self._early.discard(info.mid)
-                    self.acked.append(seq)
+                    self._acked.append((self._early.pop(info.mid), seq))
+                    self.acked_event[seq] = self._early_event.pop(info.mid)
                 else:
                     self._seq_of[info.mid] = seq
             seq += 1
@@ -158,13 +176,13 @@ class Publisher(threading.Thread):
             if delay > 0:
                 self.stop_event.wait(delay)
 
-    def finish(self, timeout: float) -> None:
-        """Wait (bounded) for the acknowledgements still due, then close."""
-        deadline = time.monotonic() + timeout
+    def finish(self, deadline: float) -> None:
+        """Wait (until `deadline`, monotonic) for the acknowledgements still due, then
+        close. What paho never got answered by then was never acknowledged: not counted."""
         while self.outstanding() and time.monotonic() < deadline:
             time.sleep(0.05)  # polling the acknowledgements, bounded by the deadline
-        self.c.loop_stop()
         self.c.disconnect()
+        self.c.loop_stop()
 
 
 def bridge_config(path: str, mosquitto_url: str) -> str:
@@ -211,11 +229,16 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
         back = time.monotonic()
         time.sleep(params.after_s)
         stop.set()
+        log("load stopped")
         for p in publishers:
-            p.join(15)
+            p.join(5)
+        acks_due = time.monotonic() + 15
         for p in publishers:
-            p.finish(30)
+            p.finish(acks_due)
+        log("publishers done: " + ", ".join(f"{len(p.acked)} acked, {p.outstanding()} unanswered" for p in publishers))
         result.acked = {p.index: p.acked for p in publishers}
+        published_by = {p.index: dict(p.published_event) for p in publishers}
+        acked_by = {p.index: dict(p.acked_event) for p in publishers}
         result.publish_errors = sum(p.errors for p in publishers)
         deadline = time.monotonic() + params.drain_timeout_s
         while True:
@@ -223,6 +246,7 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
             if all(set(acked) <= set(received.get(i, ())) for i, acked in result.acked.items()):
                 break
             if time.monotonic() > deadline:
+                log(f"drain timed out: {sum(map(len, received.values()))} received")
                 break
             time.sleep(0.1)  # polling the collector: the condition, bounded by the deadline
         result.drained_s = time.monotonic() - back
@@ -232,24 +256,33 @@ def run_outage(workdir: str, params: OutageParams, log: Callable[[str], None] = 
             seen = set(got)
             result.missing[i] = [s for s in acked if s not in seen]
             result.duplicates += len(got) - len(seen)
-            # The order to keep is the one meshd accepted them in (its PUBACKs, `acked` is in
-            # that order): a message the client sent again after meshd's restart is accepted
-            # after the ones that went through meanwhile.
-            rank = {seq: n for n, seq in enumerate(acked)}
+            # Order per publisher, as MQTT promises it: a message acknowledged before the
+            # publisher sent the next one arrives first (what the client library sent again
+            # after meshd's restart is ordered by when it was sent again). A violation: `b`
+            # arrives first although a later arrival `a` was acknowledged before `b` was published.
+            pub, ack = published_by[i], acked_by[i]
             firsts: list[int] = []
             first_seen: set[int] = set()
             for s in got:
-                if s not in first_seen and s in rank:
+                if s not in first_seen:
                     first_seen.add(s)
                     firsts.append(s)
-            backwards = [(a, b) for a, b in zip(firsts, firsts[1:]) if rank[b] < rank[a]]
+            backwards = []
+            earliest_ack_later: tuple[float, int] = (float("inf"), 0)
+            for s in reversed(firsts):
+                if s in pub and earliest_ack_later[0] < pub[s]:
+                    backwards.append((earliest_ack_later[1], s))
+                if s in ack and ack[s] < earliest_ack_later[0]:
+                    earliest_ack_later = (ack[s], s)
             result.out_of_order[i] = len(backwards)
-            result.examples.extend(f"publisher {i}: {a} then {b}" for a, b in backwards[:3])
+            result.examples.extend(f"publisher {i}: {b} arrived before {a}, acknowledged before {b} was sent"
+                                   for a, b in backwards[:3])
         return result
     finally:
         stop.set()
         for p in publishers:
             p.join(5)
+            p.c.disconnect()
             p.c.loop_stop()
         if collector is not None:
             collector.stop()
