@@ -32,9 +32,9 @@ class RocksQueueStore:
             self._db: Rdict | None = Rdict(path, options=opts)
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's message
             raise QueueStoreError(f"cannot open the bridge queues at {path}: {exc}") from None
-        self._sync = WriteOptions()
-        self._sync.sync = True
-        self._nosync = WriteOptions()
+        self._nosync = WriteOptions()  # synced by hand: `_sync_wal`
+        self._dir_fd = os.open(path, os.O_RDONLY)
+        self._wal_names: set[str] = set()
 
     def write(self, ops: Sequence[tuple[bytes, bytes | None]], prefix_deletes: Sequence[bytes], *, sync: bool) -> None:
         assert self._db is not None, "queue store is closed"
@@ -47,7 +47,33 @@ class RocksQueueStore:
                 wb.delete(key)
             else:
                 wb.put(key, value)
-        self._db.write(wb, self._sync if sync else self._nosync)
+        self._db.write(wb, self._nosync)
+        if sync:
+            self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        """fdatasync the WAL files the write went to, by hand: rocksdict holds the GIL
+        through a synced write, fsync included, which froze the node's event loop for the
+        disk's latency at every commit (the session store does the same, session_store/rocks.py).
+        Every live WAL is synced (usually one; a memtable switch leaves two for a while);
+        a WAL that vanished was flushed to SST files, which RocksDB syncs itself."""
+        assert self._db is not None
+        names = {n for n in os.listdir(self.path) if n.endswith(".log") and n[:-4].isdigit()}
+        if not names:  # not RocksDB's layout as expected: let it sync (holding the GIL)
+            self._db.flush_wal(True)
+            return
+        for name in sorted(names):
+            try:
+                fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        if names - self._wal_names:
+            os.fsync(self._dir_fd)  # a new WAL's directory entry
+        self._wal_names = names
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         assert self._db is not None, "queue store is closed"
@@ -61,6 +87,7 @@ class RocksQueueStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+            os.close(self._dir_fd)
 
 
 class MemoryQueueStore:

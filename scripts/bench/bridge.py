@@ -55,7 +55,7 @@ def throughput(args: argparse.Namespace) -> None:
         try:
             config = os.path.join(work, "meshd.toml")
             with open(config, "w", encoding="utf-8") as f:
-                f.write(f'[[bridges]]\nid = "mosq"\ntype = "mqtt"\nurl = "{mosq.url}"\negress = ["bench/#"]\n')
+                f.write(f'[[bridges]]\nid = "mosq"\ntype = "mqtt"\nurl = "{mosq.url}"\negress = ["bench/#"]\ninflight = {args.inflight}\n')
             runs = {}
             for name, extra in (("bridged", ["--config", config]), ("meshd_only", [])):
                 with MeshdProcess(os.path.join(work, name), "--log-level", "warning", *extra) as node:
@@ -67,7 +67,8 @@ def throughput(args: argparse.Namespace) -> None:
                                                 tag=name)
                 runs[name] = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in result.items()}
                 print(f"{name}: {result['msgs_per_s']:.0f} msg/s delivered, lost {result['lost']}", flush=True)
-            _record("throughput", {"publishers": args.publishers, "duration_s": args.duration, **runs})
+            _record("throughput", {"publishers": args.publishers, "duration_s": args.duration,
+                                   "inflight": args.inflight, **runs})
         finally:
             mosq.stop()
 
@@ -89,6 +90,7 @@ def main() -> None:
     t = sub.add_parser("throughput")
     t.add_argument("--duration", type=float, default=10.0)
     t.add_argument("--publishers", type=int, default=4)
+    t.add_argument("--inflight", type=int, default=32, help="the bridge's inflight (unacknowledged publishes on Mosquitto)")
     o = sub.add_parser("outage")
     o.add_argument("--rate", type=float, default=1000.0)
     o.add_argument("--outage", type=float, default=60.0)
