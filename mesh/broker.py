@@ -506,14 +506,17 @@ class Broker:
         held = mesh.forward(msg, remote, gate)  # a subscriber on an unreachable member still matched
         return matched + len(remote) + held
 
-    def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool) -> int:
+    def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool,
+                       skip: Callable[[str], bool] | None = None) -> int:
         """A message another node forwarded here: deliver to local sessions only
-        (plain subscribers if `plain`, one member of each listed shared group)."""
+        (plain subscribers if `plain`, one member of each listed shared group), except
+        the plain subscribers `skip` names (sessions taken over here whose previous
+        node had the message: see routing.handoff_driver `TakenIn`)."""
         if keep_retained:
             self._set_retained(msg, persist=True)
         if not plain and not groups:
             return 0
-        return self._route(msg, now, plain=plain, only_groups=groups, remote=None)
+        return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip)
 
     def keep_retained(self, msg: Message) -> None:
         self._set_retained(msg, persist=True)
@@ -529,7 +532,7 @@ class Broker:
                 self.store.put_retained(msg)
 
     def _route(self, msg: Message, now: float, *, plain: bool, only_groups: list[tuple[str, str]] | None,
-               remote: dict[str, ForwardTarget] | None) -> int:
+               remote: dict[str, ForwardTarget] | None, skip: Callable[[str], bool] | None = None) -> int:
         """Deliver to sessions here: plain subscribers (if `plain`) and one member per
         shared group this node serves (see `_shared_keys`)."""
         topic = msg.topic
@@ -548,7 +551,7 @@ class Broker:
             for client_id in client_ids:
                 session = sessions[client_id]
                 options = session.subscriptions[topic_filter]
-                if options.no_local and client_id == msg.publisher:
+                if options.no_local and client_id == msg.publisher or skip is not None and skip(client_id):
                     continue
                 sub_id = options.subscription_id
                 self.deliver(session, Delivery(msg, options.qos if options.qos < msg_qos else msg_qos,
@@ -562,7 +565,7 @@ class Broker:
             for client_id in client_ids:
                 session = sessions[client_id]
                 options = session.subscriptions[topic_filter]
-                if options.no_local and client_id == msg.publisher:
+                if options.no_local and client_id == msg.publisher or skip is not None and skip(client_id):
                     continue
                 self._merge_target(targets, session, options, msg)
         for group, real_filter in shared_keys:
@@ -642,7 +645,12 @@ class Broker:
 
     def deliver(self, session: Session, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
         if self.remembered and session.client_id in self.remembered:
-            self._remember(session.client_id, delivery.message)
+            # A session that remembers what it was given (a copy of it elsewhere is to
+            # be merged into it) takes each message once, whichever way it came.
+            msg = delivery.message
+            if (msg.origin, msg.msg_id) in self.remembered[session.client_id]:
+                return
+            self._remember(session.client_id, msg)
         conn = self.connections.get(session.client_id)
         if conn is not None:
             conn.deliver(delivery, now, cache)

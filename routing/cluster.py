@@ -37,7 +37,7 @@ from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, Link
 from routing.port import MeshPort
 from routing.retained import RetainedIndex
 from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
-from routing.wire import ForwardedItem, PeerDigest, RouteBroadcast, forwarded_to_wire
+from routing.wire import ALSO_SENT_TO, ForwardedItem, PeerDigest, RouteBroadcast, forwarded_to_wire
 from session_store import records
 from session_store.model import Message
 
@@ -67,7 +67,7 @@ class LocalBroker(SessionHost, Protocol):
     def keep_retained(self, msg: Message) -> None: ...
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]],
-                       keep_retained: bool) -> int: ...
+                       keep_retained: bool, skip: Callable[[str], bool] | None = None) -> int: ...
 
     def on_durable(self) -> None: ...
 
@@ -121,6 +121,7 @@ class Cluster:
         self._nursery: trio.Nursery | None = None
         self._retained_pulled = False
         self.forwarded_out = 0
+        self.forwarded_upto = 0  # the last id of a message published here and forwarded (ids only grow)
         self.forwarded_in = 0
         self.replay_duplicates = 0
         # Per peer, identities of the QoS >= 1 messages it forwarded lately (oldest first).
@@ -132,7 +133,10 @@ class Cluster:
         gossip.on_member_change(self._on_member_change)
         gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
         gossip.register_stream_handler("link_hello", self.inbound.serve)
-        self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace, clock=clock)
+        # A session handed over is remembered as long as a message held for this node
+        # (or stuck in a link to it) may still arrive for it.
+        self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace, clock=clock,
+                                 notes=store, moved_memory=held_max_age, recovered_meta=recovered_meta)
         self.held = HeldTraffic(hold_period=hold_period, max_messages=held_max_messages, max_age=held_max_age)
         self._restore_held(recovered_meta or {})
         port.on_forward(self.forward)
@@ -171,6 +175,9 @@ class Cluster:
         delta = self.table.local_changes(self.port.take_route_changes())
         if delta is not None:
             self._disseminate(delta)
+
+    def forward_mark(self) -> int:
+        return self.forwarded_upto
 
     def own_route_snapshot(self) -> list[object]:
         return self.table.local_snapshot().to_wire()
@@ -255,11 +262,11 @@ class Cluster:
 
     # ------------------------------------------------------------ held traffic
 
-    def _hold(self, member: str, msg: Message, now: float, seq: int | None = None) -> None:
-        seq, dropped = self.held.add(member, msg, now, seq)
+    def _hold(self, member: str, msg: Message, now: float, seq: int | None = None, also: tuple[str, ...] = ()) -> None:
+        seq, dropped = self.held.add(member, msg, now, seq, also)
         store = self.store
         if seq not in dropped:
-            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", HeldMessageRecord(msg, now).to_record())
+            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", HeldMessageRecord(msg, now, also).to_record())
         for gone in dropped:
             store.delete_meta(f"{HELD_MSG}{member}/{gone:020d}")
         if dropped and (self.held.dropped_full == len(dropped) or self.held.dropped_full % 1000 < len(dropped)):
@@ -280,18 +287,19 @@ class Cluster:
                 except (TypeError, ValueError):
                     continue
                 if forwarded.plain:
-                    self._hold(member, forwarded.message, now, item.held_seq or None)
+                    self._hold(member, forwarded.message, now, item.held_seq or None, forwarded.also)
         return items
 
     def _replay_held(self, member: str) -> None:
-        held = self.held.take(member)
+        held = self.held.take_with_also(member)
         self.store.delete_meta(f"{HELD_ROUTES}{member}")
         if not held:
             return
         link = self._link(member)
-        for seq, msg in held:
+        for seq, msg, also in held:
             # Ahead of anything new for it: the replay keeps each publisher's order.
-            link.enqueue(LinkItem(ForwardedItem(msg, True, (), False, replay=True).to_wire(), msg.qos, None, seq))
+            item = ForwardedItem(msg, True, (), False, replay=True, also=also)
+            link.enqueue(LinkItem(item.to_wire(), msg.qos, None, seq))
         log_event(log, Event.HELD_REPLAYED, member=member, messages=len(held))
 
     def _forget_held(self, member: str) -> None:
@@ -318,9 +326,9 @@ class Cluster:
         for key in sorted(k for k in meta if k.startswith(HELD_MSG)):
             member, _, seq = key[len(HELD_MSG):].rpartition("/")
             try:
-                msg, held_at = HeldMessageRecord.from_record(meta[key])
+                msg, held_at, also = HeldMessageRecord.from_record(meta[key])
                 if self.held.is_held(member):
-                    self.held.add(member, msg, held_at, int(seq))
+                    self.held.add(member, msg, held_at, int(seq), also)
                     continue
             except (TypeError, ValueError):
                 log.error("ignoring a stored held message %s", key)
@@ -417,22 +425,34 @@ class Cluster:
         """Send `msg` to each target node once, and hold it for unreachable members whose
         held routes match (the broker calls this through the port).  Returns how many
         members it was held for."""
-        held = 0
+        hold_for: list[str] = []
         if self.held.members:
-            now = self.clock.wall()
             for member in self.held.members_for(msg.topic):
                 if not self.held.members[member].returned:
                     if msg.qos:
-                        self._hold(member, msg, now)
-                        held += 1
+                        hold_for.append(member)
                 elif member in self.table.remote:
                     self.held.settle(member)  # its own routes are back
                 elif member not in targets:
                     # Back, but its routes are not here yet: the held ones still route.
                     targets[member] = ForwardTarget(True, [], False)
+        if hold_for:
+            # Replayed later with the nodes that got it now (see `relay_moved`).
+            now = self.clock.wall()
+            also = tuple(sorted(node for node, target in targets.items() if target.plain))
+            for member in hold_for:
+                self._hold(member, msg, now, also=also)
+        held = len(hold_for)
         if not targets:
             return held
+        if msg.origin == self.node_id and msg.msg_id > self.forwarded_upto:
+            self.forwarded_upto = msg.msg_id
         data = records.message_map(msg)
+        plain = [node for node, target in targets.items() if target.plain]
+        if msg.qos and len(plain) > 1:
+            # Each receiver learns who else got it: an old owner of a session that
+            # moved to one of them need not relay it there (`Handoffs.relay_moved`).
+            data[ALSO_SENT_TO] = sorted(plain)
         for node, target in targets.items():
             wire = forwarded_to_wire(data, target.plain, target.groups, target.keep_retained, target.replay)
             item = LinkItem(wire, msg.qos, gate if msg.qos else None)
@@ -465,16 +485,18 @@ class Cluster:
         """A request whose reply nobody waits for."""
         self._link(peer).request(frame_type, fields, lambda frame: None)
 
-    async def drain_link(self, peer: str, timeout: float) -> None:
+    async def drain_link(self, peer: str, timeout: float) -> bool:
         """Wait (at most `timeout`) until `peer` has taken what this node forwarded to
-        it so far."""
+        it so far; False if it did not within `timeout`."""
         link = self.links.get(peer)
         if link is None:
-            return
+            return True
         with trio.move_on_after(timeout) as scope:
             await link.taken()
         if scope.cancelled_caught:
             log.warning("link to %s did not drain within %.1f s", peer, timeout)
+            return False
+        return True
 
     def _link(self, peer: str) -> OutboundLink:
         link = self.links.get(peer)
@@ -532,7 +554,14 @@ class Cluster:
                 if len(recent) > RECENT_PER_PEER:
                     del recent[next(iter(recent))]
             self.forwarded_in += 1
-            self.broker.publish_remote(msg, now, plain=item.plain, groups=list(item.groups), keep_retained=item.keep_retained)
+            # Sessions taken over here whose giver got this message too: theirs to deliver.
+            skip = self.handoffs.giver_had(msg, peer, item.also) if msg.qos else None
+            self.broker.publish_remote(msg, now, plain=item.plain, groups=list(item.groups),
+                                       keep_retained=item.keep_retained, skip=skip)
+            if msg.qos and item.plain and self.handoffs.moved:
+                # Its sender routed it here for sessions that have moved on since: they
+                # get it through a copy this batch's acknowledgement waits for.
+                self.handoffs.relay_moved(msg, now, peer, item.also)
 
     async def _forward_taken(self) -> None:
         """When a forwarded batch may be acknowledged to its origin (whose publishers'

@@ -26,11 +26,14 @@ from clock import Clock
 from clock.hlc import HlcTimestamp
 from oplog import Event, log_event
 from routing.links import Fields, Frame, Reply
+from routing.moved import MOVED_META, TAKEN_META, Moved, TakenIn, marks_from_wire
+from routing.trie import TopicTrie
 from session_store.handoff import (
-    Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Step, Takeover,
-    delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, stored_from_image,
+    REMEMBERED, Ask, Finished, Giving, HandoffError, Install, MergeTail, Redirect, Refused, Step, Takeover,
+    delivery_from_wire, image_of, merge_stale, merge_tail, message_key, queue_chunk, remembered_to_wire,
+    stored_from_image,
 )
-from session_store.model import Delivery, Session
+from session_store.model import Delivery, Message, Session, SubscriptionOptions
 from session_store.ownership import Claim, OwnershipRegister
 from session_store.store import StoredSession
 
@@ -42,7 +45,7 @@ STEP_TIMEOUT = 2.0
 TAKEOVER_BUDGET = 5.0
 FENCE_TIMEOUT = 1.0  # a member that cannot answer in time is most likely unreachable: its copies cannot race us
 GIVE_TIMEOUT = 15.0  # a giver that hears nothing more keeps serving its copy
-MOVED_MEMORY = 60.0  # how long a giver remembers where a session went
+MOVED_MEMORY = 60.0  # how long a giver remembers where a session went, at the least
 MAX_REDIRECTS = 3
 HOUSEKEEPING_INTERVAL = 2.0
 REMEMBER_FOR = 24 * 3600.0  # how long a session started in a conflict remembers what it got
@@ -88,6 +91,15 @@ class SessionHost(Protocol):
     def merge_session(self, stored: StoredSession, now: float) -> int: ...
 
 
+class MetaNotes(Protocol):
+    """The part of the store where the giver keeps what it handed over (so a restart
+    still relays what reaches it late)."""
+
+    def put_meta(self, key: str, value: object) -> None: ...
+
+    def delete_meta(self, key: str) -> None: ...
+
+
 class MeshRequests(Protocol):
     """What the handoff driver asks of the cluster: requests over the mesh links, route
     snapshots for the fences, and the store's durability."""
@@ -96,11 +108,13 @@ class MeshRequests(Protocol):
 
     def tell(self, peer: str, frame_type: str, fields: Fields) -> None: ...
 
-    async def drain_link(self, peer: str, timeout: float) -> None: ...
+    async def drain_link(self, peer: str, timeout: float) -> bool: ...
 
     async def wait_durable(self) -> None: ...
 
     def flush_routes_now(self) -> None: ...
+
+    def forward_mark(self) -> int: ...
 
     def own_route_snapshot(self) -> list[object]: ...
 
@@ -133,7 +147,8 @@ class HandoffStats:
 
 class Handoffs:
     def __init__(self, *, node_id: str, broker: SessionHost, gossip: ClaimGossip, cluster: MeshRequests,
-                 trace: Tracer, clock: Clock) -> None:
+                 trace: Tracer, clock: Clock, notes: MetaNotes | None = None, moved_memory: float = MOVED_MEMORY,
+                 recovered_meta: Mapping[str, object] | None = None) -> None:
         self.node_id = node_id
         self.broker = broker
         self.gossip = gossip
@@ -143,16 +158,34 @@ class Handoffs:
         self.register = OwnershipRegister(node_id)
         self.giving: dict[str, Giving] = {}
         self.taking: dict[str, _Taking] = {}
-        self.moved: dict[str, tuple[str, float]] = {}
+        self.notes = notes
+        # Sessions handed over, remembered as long as a forward sent here before the
+        # handoff can still arrive (held for this node through a netsplit, or stuck in
+        # a link): what matches their filters is relayed to the taker.
+        self.moved_memory = max(moved_memory, MOVED_MEMORY)
+        self.moved: dict[str, Moved] = {}
+        self._moved_filters: TopicTrie[str] = TopicTrie()
+        self.relayed = 0  # late forwards relayed to the node a session moved to
+        self.taken_in: dict[str, TakenIn] = {}
+        self.skipped = 0  # late forwards not delivered to a session taken over here (its giver had them)
+        self._late_fencing: set[tuple[str, str]] = set()
         self._locks: dict[str, trio.Lock] = {}
         self._pushing: set[str] = set()
-        self._remembered_since: dict[str, float] = {}
+        self._remember_until: dict[str, float] = {}
         self._incoming: dict[tuple[str, str], tuple[object, list[Delivery]]] = {}
         self._nursery: trio.Nursery | None = None
         self.stats = HandoffStats()
         self.malformed = 0
         gossip.on_broadcast("own", self._on_claim_broadcast)
         gossip.register_push_pull("owners", self._owners_state, self._merge_owners)
+        for key, value in (recovered_meta or {}).items():
+            try:
+                if key.startswith(MOVED_META):
+                    self._note_moved(key[len(MOVED_META):], Moved.from_record(key[len(MOVED_META):], value))
+                elif key.startswith(TAKEN_META):
+                    self.taken_in[key[len(TAKEN_META):]] = TakenIn.from_record(value)
+            except (KeyError, TypeError, ValueError):
+                log.error("ignoring a stored handoff record %s", key)
 
     async def run(self) -> None:
         """Housekeeping: givers that timed out, old tombstones, old `moved` notes, and
@@ -163,23 +196,26 @@ class Handoffs:
                 await trio.sleep(HOUSEKEEPING_INTERVAL)
                 self.housekeeping(self.clock.wall())
                 self._push_foreign_copies()
+                self._fence_late()
 
     def housekeeping(self, now: float) -> None:
         for cid, giving in list(self.giving.items()):
             if now - giving.started > GIVE_TIMEOUT:
                 del self.giving[cid]
                 log.warning("handoff of %s to %s timed out; keeping the session here", cid, giving.taker)
-        for cid, (_, at) in list(self.moved.items()):
-            if now - at > MOVED_MEMORY:
-                del self.moved[cid]
+        for cid, moved in list(self.moved.items()):
+            if now - moved.at > self.moved_memory:
+                self._forget_moved(cid)
+        for cid, taken in list(self.taken_in.items()):
+            if (now - taken.at > self.moved_memory or cid not in self.broker.sessions) and cid not in self.taking:
+                self._forget_taken(cid)
         self.register.prune(int(now * 1000))
         alive = set(self.gossip.alive_members())
         for key in [k for k in self._incoming if k[0] not in alive]:
             del self._incoming[key]  # a push cut off midway: it starts over when the peer is back
-        for cid, since in list(self._remembered_since.items()):
-            if now - since > REMEMBER_FOR or cid not in self.broker.sessions:
-                del self._remembered_since[cid]
-                self.broker.remembered.pop(cid, None)
+        for cid, until in list(self._remember_until.items()):
+            if now > until or cid not in self.broker.sessions:
+                self._stop_remembering(cid)
 
     def _wall_ms(self) -> int:
         return int(self.clock.wall() * 1000)
@@ -250,6 +286,7 @@ class Handoffs:
         if claim.clean and cid not in self.giving:
             # Clean start elsewhere: whatever this node kept for the client is void.
             self.broker.discard_session(cid, self.clock.wall())
+            self._forget_moved(cid)
 
     # ------------------------------------------------------------ the taker
 
@@ -280,6 +317,9 @@ class Handoffs:
             self._handed_over(client_id, giving.taker, self.clock.wall())
         elif giving is not None:
             log.info("%s came back here: handoff to %s abandoned", client_id, giving.taker)
+        # The session is this node's again: nothing is relayed for it any more (a copy
+        # relayed meanwhile is merged into it as the copy held here).
+        self._forget_moved(client_id)
         owner = previous.owner if previous is not None else None
         if clean_start or owner is None or owner == self.node_id:
             return "ok"
@@ -288,16 +328,44 @@ class Handoffs:
             return "ok"
         return await self._take_over(client_id, owner, claim)
 
+    def _start_remembering(self, client_id: str, session: Session | None, *, for_s: float | None = None,
+                           given: set[tuple[str | None, int]] | None = None) -> None:
+        """From now on (for `for_s`, by default as long as a late forward may still be
+        relayed here) the broker remembers which messages the session is given (and
+        what it holds now, and `given`: what it was given on the node it came from),
+        so a copy merged into it later, or a late forward, does not deliver them twice."""
+        keys = self.broker.remembered.setdefault(client_id, set())
+        if session is not None:  # what it holds now is what it may deliver
+            keys.update(message_key(e.delivery.message) for e in session.inflight.values())
+            keys.update(message_key(d.message) for d in (session.queue if session.queued else ()))
+        if given:
+            keys.update(given)
+        until = self.clock.wall() + (self.moved_memory if for_s is None else for_s)
+        self._remember_until[client_id] = max(until, self._remember_until.get(client_id, 0.0))
+
+    def _stop_remembering(self, client_id: str) -> None:
+        self._remember_until.pop(client_id, None)
+        self.broker.remembered.pop(client_id, None)
+
+    def _image(self, session: Session) -> dict[str, object]:
+        """A session's image for a handoff or a push, with what it was given lately."""
+        image = image_of(session)
+        keys = self.broker.remembered.get(session.client_id)
+        if keys:
+            image[REMEMBERED] = remembered_to_wire(keys)  # an optional key: an older taker skips it
+        return image
+
     def _fallback(self, client_id: str, owner: str, why: str) -> None:
         self.stats.failed += 1
         # The owner's copy will be merged into this session later: remember what this
         # one is given meanwhile, so the merge does not deliver it twice.
-        keys = self.broker.remembered.setdefault(client_id, set())
-        session = self.broker.sessions.get(client_id)
-        if session is not None:  # what it holds now is what it may deliver
-            keys.update(message_key(e.delivery.message) for e in session.inflight.values())
-            keys.update(message_key(d.message) for d in (session.queue if session.queued else ()))
-        self._remembered_since[client_id] = self.clock.wall()
+        self._start_remembering(client_id, self.broker.sessions.get(client_id), for_s=REMEMBER_FOR)
+        if client_id not in self.taken_in:
+            # What still reaches this node and reached the owner too goes into the
+            # owner's copy, which is merged here later: not delivered twice meanwhile.
+            self.taken_in[client_id] = TakenIn(owner, self.clock.wall())
+            if self.notes is not None:
+                self.notes.put_meta(TAKEN_META + client_id, self.taken_in[client_id].to_record())
         have = client_id in self.broker.sessions
         log.warning("session %s: cannot take it over from %s (%s); going on with %s", client_id, owner, why,
                     "the copy held here" if have else "a new session")
@@ -362,14 +430,26 @@ class Handoffs:
                 stale = self.broker.sessions.get(client_id)
                 stored = merge_stale(step.session, stale) if stale is not None and stale.persistent else step.session
                 taking.session = self.broker.install_session(stored, self.clock.wall())
+                # The old owner relays what still reaches it for the session (forwards
+                # that were held or stuck in a link); remembering what this copy is given
+                # lets the merge of such a relay drop what got here directly too.
+                self._start_remembering(client_id, taking.session, given=step.session.remembered)
+                # What reaches this node late and reached the giver too is the giver's
+                # to deliver (see `TakenIn`); the fences fill in the marks.
+                taken = self.taken_in[client_id] = TakenIn(machine.owner, self.clock.wall())
                 # Synced here and fenced everywhere, at the same time.
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.cluster.wait_durable)
-                    nursery.start_soon(self._fence, machine.owner)
+                    nursery.start_soon(self._fence, machine.owner, taken.marks)
+                if self.notes is not None:
+                    self.notes.put_meta(TAKEN_META + client_id, taken.to_record())
                 step = machine.installed()
                 # The owner takes this node's routes before it lets go, so what is
                 # published there after it deleted its copy is forwarded here.
                 step.fields["snap"] = self.cluster.own_route_snapshot()
+                # And learns which members forward here now: what reaches it late from
+                # the others is relayed here (an optional field: older nodes skip it).
+                step.fields["fenced"] = dict(taken.marks)
             elif isinstance(step, MergeTail):
                 # Copies of tail messages that were forwarded here too must be here
                 # before the merge, or they would escape its deduplication.
@@ -380,6 +460,7 @@ class Handoffs:
                 add, drop = merge_tail(session.queue if session.queued else (),
                                        (e.delivery for e in session.inflight.values()), step.tail, machine.base)
                 self.broker.merge_handed_tail(session, add, drop)
+                self._start_remembering(client_id, session)  # the tail too
                 await self.cluster.wait_durable()
                 done, finished = machine.merged()
                 # The owner may delete its copy now; its answer is not needed.
@@ -414,17 +495,18 @@ class Handoffs:
                         origin=machine.owner, to=self.node_id, outcome="ok", duration_ms=round(duration_ms, 3),
                         messages=finished.messages)
 
-    async def _fence(self, owner: str) -> None:
+    async def _fence(self, owner: str, fenced: dict[str, int]) -> None:
         """After this node's routes for the session exist: every member takes them and
         waits until what it sent to the owner before is acknowledged there, so the
-        owner's tail holds everything that did not reach this node directly."""
+        owner's tail holds everything that did not reach this node directly.  The
+        members that answered in time go into `fenced`, with their marks."""
         self.cluster.flush_routes_now()
         snapshot = self.cluster.own_route_snapshot()
         members = [m for m in self.gossip.alive_members() if m != owner]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.cluster.drain_link, owner, FENCE_TIMEOUT)
+            nursery.start_soon(self._drain_own, owner, fenced)
             for member in members:
-                nursery.start_soon(self._fence_one, member, owner, snapshot)
+                nursery.start_soon(self._fence_one, member, owner, snapshot, fenced)
 
     async def _fence_back(self, done: trio.Event | None = None) -> None:
         """Every member (the old owner too) flushes its link to this node."""
@@ -440,9 +522,17 @@ class Handoffs:
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             log.warning("flush at %s failed (%s): a message may be delivered twice", member, exc)
 
-    async def _fence_one(self, member: str, owner: str, snapshot: list[object]) -> None:
+    async def _drain_own(self, owner: str, fenced: dict[str, int]) -> None:
+        mark = self.cluster.forward_mark()  # what this node forwards from now on, it has the session for
+        if await self.cluster.drain_link(owner, FENCE_TIMEOUT):
+            fenced[self.node_id] = mark
+
+    async def _fence_one(self, member: str, owner: str, snapshot: list[object], fenced: dict[str, int]) -> None:
         try:
-            await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 0.5)
+            reply = await self.cluster.ask(member, "ho_fence", {"o": owner, "snap": snapshot}, FENCE_TIMEOUT + 0.5)
+            mark = reply.get("mark")
+            if reply.get("ok") and reply.get("drained") is True and isinstance(mark, int):
+                fenced[member] = mark
         except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             log.warning("fence at %s failed (%s): messages it sent to %s may arrive out of order", member, exc, owner)
 
@@ -473,23 +563,165 @@ class Handoffs:
         if kind == "ho_commit":
             if "snap" in frame:
                 self.cluster.take_route_snapshot(frame["snap"])
+            giving.fenced = marks_from_wire(frame.get("fenced"))
             if giving.commit_seq is None:
                 giving.commit_seq = session.next_seq - 1
             q, cur, more = queue_chunk(session.queue if session.queued else (), cursor, giving.commit_seq)
             return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
         if kind == "ho_done":
             del self.giving[cid]
-            self._handed_over(cid, peer, now)
+            self._handed_over(cid, peer, now, giving.commit_seq, giving.fenced)
             return "ho_state", {"ok": True}
         raise ValueError(f"unknown handoff frame {kind!r}")
 
-    def _handed_over(self, cid: str, taker: str, now: float) -> None:
-        self.moved[cid] = (taker, now)
+    def _handed_over(self, cid: str, taker: str, now: float, commit_seq: int | None = None,
+                     fenced: dict[str, int] | None = None) -> None:
         self.stats.given += 1
+        session = self.broker.sessions.get(cid)
         if faults.STALE_OWNER:
+            self.moved[cid] = Moved(taker, now, StoredSession(cid))
             return  # BUGGIFY: the old owner keeps serving its copy
+        image = StoredSession(cid)
+        tail: list[Delivery] = []
+        if session is not None:
+            image = StoredSession(cid, expiry_interval=session.expiry_interval, protocol_level=session.protocol_level,
+                                  subscriptions=dict(session.subscriptions))
+            if commit_seq is not None and session.queued:
+                # Queued here after the taker took the tail: from a member the fence
+                # could not drain, the taker may not have it.  (What this node or a
+                # fenced member sent after the fence went to the taker as well.)
+                tail = [d for d in session.queue if d.seq > commit_seq and d.message.origin != self.node_id
+                        and not (d.message.origin in (fenced or {}) and d.message.msg_id > (fenced or {})[d.message.origin])]
         self.broker.discard_session(cid, now)
+        # What the session was given here is the taker's to remember now; kept here, it
+        # would make the copy relayed below drop what it carries.
+        self._stop_remembering(cid)
+        self._forget_taken(cid)
+        self._note_moved(cid, Moved(taker, now, image, dict(fenced or {})))
+        if self.notes is not None:
+            self.notes.put_meta(MOVED_META + cid, self.moved[cid].to_record())
+        if tail:
+            self._relay(cid, [Delivery(d.message, d.qos, d.retain, d.subscription_ids) for d in tail], now)
         log.info("session %s handed over to %s", cid, taker)
+
+    # ------------------------------------------------------------ late forwards
+
+    def _note_moved(self, cid: str, moved: Moved) -> None:
+        self._unindex_moved(cid)
+        self.moved[cid] = moved
+        for topic_filter in moved.session.subscriptions:
+            if not topic_filter.startswith("$share/"):
+                self._moved_filters.add(topic_filter, cid)
+
+    def _unindex_moved(self, cid: str) -> None:
+        old = self.moved.get(cid)
+        if old is not None:
+            for topic_filter in old.session.subscriptions:
+                self._moved_filters.remove(topic_filter, cid)
+
+    def _forget_moved(self, cid: str) -> None:
+        if cid in self.moved:
+            self._unindex_moved(cid)
+            del self.moved[cid]
+            if self.notes is not None:
+                self.notes.delete_meta(MOVED_META + cid)
+
+    def relay_moved(self, msg: Message, now: float, sender: str, also: tuple[str, ...]) -> int:
+        """A QoS >= 1 message forwarded here for plain subscribers, after sessions that
+        subscribe it moved to other nodes (it was sent before the sender knew: held
+        through a netsplit, or stuck in a link the handoff's fence could not drain):
+        this node would deliver it to nobody, yet its publisher is acknowledged.  Each
+        such session gets it in a copy kept here (stored like any session, so the
+        forward's acknowledgement waits for it as for a local delivery), which is pushed
+        to the session's owner and merged there (`_push_foreign_copies`); the owner
+        remembers what the session got, so a message that reached it directly too is
+        not delivered twice.  Not relayed: what the sender forwarded to the taker too
+        (`also`), when the sender was fenced by the takeover (so the taker had the
+        session when that copy came).  Returns how many sessions it was relayed to."""
+        if not self._moved_filters:
+            return 0
+        matched: dict[str, list[SubscriptionOptions]] = {}
+        for topic_filter, cids in self._moved_filters.match_filters(msg.topic):
+            for cid in cids:
+                matched.setdefault(cid, []).append(self.moved[cid].session.subscriptions[topic_filter])
+        relayed = 0
+        for cid, subs in sorted(matched.items()):
+            claim = self.register.get(cid)
+            if claim is None or claim.owner in (None, self.node_id) or claim.clean or cid in self.broker.connections:
+                continue  # served here again (it had the message), ended, or started clean
+            moved = self.moved[cid]
+            if moved.taker_has(msg, sender, also):
+                continue
+            log.debug("relaying %s/%s from %s for %s to %s (sent to %s; marks %s)", msg.origin, msg.msg_id, sender, cid,
+                      moved.taker, also, moved.fenced)
+            subs = [o for o in subs if not (o.no_local and msg.publisher == cid)]
+            if not subs:
+                continue
+            qos = min(msg.qos, max(o.qos for o in subs))
+            retain = msg.retain and any(o.retain_as_published for o in subs)
+            ids = tuple(o.subscription_id for o in subs if o.subscription_id)
+            self._relay(cid, [Delivery(msg, qos, retain, ids)], now)
+            relayed += 1
+        return relayed
+
+    def _fence_late(self) -> None:
+        """Members a takeover could not fence (unreachable then) are fenced once they
+        are back: until then what they forward for the session is left to its giver,
+        which relays it here later, behind what came directly."""
+        if self._nursery is None or not self.taken_in:
+            return
+        alive = self.gossip.alive_members()
+        for cid, taken in self.taken_in.items():
+            if cid in self.taking or taken.giver not in alive:
+                continue
+            for member in alive:
+                key = (cid, member)
+                if member not in taken.marks and member not in (taken.giver, self.node_id) and key not in self._late_fencing:
+                    self._late_fencing.add(key)
+                    self._nursery.start_soon(self._fence_one_late, cid, taken, member)
+
+    async def _fence_one_late(self, cid: str, taken: TakenIn, member: str) -> None:
+        try:
+            await self._fence_one(member, taken.giver, self.cluster.own_route_snapshot(), taken.marks)
+            log.debug("late fence of %s at %s for %s: %s", cid, member, taken.giver, taken.marks.get(member))
+            if member in taken.marks and self.taken_in.get(cid) is taken and self.notes is not None:
+                self.notes.put_meta(TAKEN_META + cid, taken.to_record())
+        finally:
+            self._late_fencing.discard((cid, member))
+
+    def _forget_taken(self, cid: str) -> None:
+        if self.taken_in.pop(cid, None) is not None and self.notes is not None:
+            self.notes.delete_meta(TAKEN_META + cid)
+
+    def giver_had(self, msg: Message, sender: str, also: tuple[str, ...]) -> Callable[[str], bool] | None:
+        """For a message forwarded here: which sessions taken over here must not get it
+        (see `TakenIn`), as a test of a client id; None when none can be."""
+        if not also or not self.taken_in or msg.origin != sender:
+            return None
+        givers = set(also)
+
+        def had(client_id: str) -> bool:
+            taken = self.taken_in.get(client_id)
+            if taken is None or taken.giver not in givers:
+                return False
+            mark = taken.marks.get(sender)
+            if mark is None or msg.msg_id <= mark:
+                self.skipped += 1
+                return True
+            return False
+
+        return had
+
+    def _relay(self, cid: str, deliveries: list[Delivery], now: float) -> None:
+        moved = self.moved.get(cid)
+        if cid not in self.broker.sessions:
+            # A copy with no subscriptions: it routes nothing here, it only carries
+            # the relayed messages until the owner merged them.
+            self.broker.merge_session(StoredSession(cid, expiry_interval=moved.session.expiry_interval if moved else 0,
+                                                    protocol_level=moved.session.protocol_level if moved else 4), now)
+        self.broker.merge_session(StoredSession(cid, queue=deliveries), now)
+        self.relayed += len(deliveries)
+        log.info("session %s moved to %s: relaying %d late messages", cid, moved.taker if moved else "?", len(deliveries))
 
     def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> Fields:
         self.register.merge(claim, self._wall_ms())
@@ -497,10 +729,12 @@ class Handoffs:
         if current is not None and current.stamp > claim.stamp:
             return {"ok": False, "why": "superseded", "own": current.to_wire()}
         session = self.broker.sessions.get(cid)
+        if cid in self.moved:
+            session = None  # only a copy of relayed messages: it goes to the owner by push
         if session is None or not session.persistent:
             moved = self.moved.get(cid)
-            if moved is not None and moved[0] != peer:
-                return {"ok": False, "moved": moved[0]}
+            if moved is not None and moved.taker != peer:
+                return {"ok": False, "moved": moved.taker}
             return {"ok": False, "why": "none"}
         previous = self.giving.get(cid)
         if previous is not None and previous.taker != peer and previous.commit_seq is not None:
@@ -511,7 +745,7 @@ class Handoffs:
         self.broker.detach_for_handoff(cid, now)
         self.giving[cid] = Giving(cid, peer, now)
         q, cur, more = queue_chunk(session.queue if session.queued else (), 0)
-        return {"ok": True, "img": image_of(session), "q": q, "cur": cur, "more": more}
+        return {"ok": True, "img": self._image(session), "q": q, "cur": cur, "more": more}
 
     async def _answer_flush(self, peer: str) -> tuple[str, Fields]:
         await self.cluster.drain_link(peer, FENCE_TIMEOUT)
@@ -522,8 +756,13 @@ class Handoffs:
         if not isinstance(owner, str):
             raise ValueError("bad fence")
         self.cluster.take_route_snapshot(frame["snap"])
-        await self.cluster.drain_link(owner, FENCE_TIMEOUT)
-        return "ho_fenced", {"ok": True}
+        # What this node forwards from now on goes to the taker too: the last message
+        # id forwarded before is the mark.
+        mark = self.cluster.forward_mark()
+        drained = await self.cluster.drain_link(owner, FENCE_TIMEOUT)
+        # "drained" and "mark" (optional; an older node sends neither and counts as not
+        # fenced): whether what this node forwarded to the owner before got there.
+        return "ho_fenced", {"ok": True, "drained": drained, "mark": mark}
 
     # ------------------------------------------------------------ conflicts
 
@@ -558,15 +797,34 @@ class Handoffs:
                     break  # nothing arrived since the last chunk: the copy is all there
                 fields: dict[str, object] = {"c": cid, "q": q, "more": more}
                 if first:
-                    fields["img"] = image_of(session)
+                    fields["img"] = self._image(session)
                     sent += len(session.inflight)
                 reply = await self.cluster.ask(owner, "ho_push", fields, STEP_TIMEOUT)
                 if not reply.get("ok"):
                     log.info("%s would not merge session %s: %s", owner, cid, reply.get("why"))
                     return
+                moved = self.moved.get(cid)
+                if moved is not None and moved.taker == owner and "marks" in reply:
+                    # Members the taker fenced since: what they forward now reaches it directly.
+                    moved.fenced.update(marks_from_wire(reply["marks"]))
+                    if self.notes is not None:
+                        self.notes.put_meta(MOVED_META + cid, moved.to_record())
                 first = False
                 sent += len(q)
+            session = self.broker.sessions.get(cid)
+            image = StoredSession(cid)
+            if session is not None:
+                image = StoredSession(cid, expiry_interval=session.expiry_interval, protocol_level=session.protocol_level,
+                                      subscriptions=dict(session.subscriptions))
             self.broker.discard_session(cid, self.clock.wall())
+            self._stop_remembering(cid)
+            self._forget_taken(cid)
+            if cid not in self.moved or image.subscriptions:
+                # What members forwarded here for the copy (the owner skips what reached
+                # both: see `TakenIn`) and reaches this node from now on is relayed there.
+                self._note_moved(cid, Moved(owner, self.clock.wall(), image))
+                if self.notes is not None:
+                    self.notes.put_meta(MOVED_META + cid, self.moved[cid].to_record())
             self.stats.merged_out += 1
             duration_ms = (self.clock.now() - started) * 1000
             log.warning("session %s: the copy held here was merged into %s's (%d messages)", cid, owner, sent)
@@ -593,10 +851,18 @@ class Handoffs:
             self._incoming[key] = (img, queue)
             return "ho_state", {"ok": True}
         stored = stored_from_image(cid, img, queue)
+        # A push whose answer was lost comes again: what it merged must not be merged twice.
+        self._start_remembering(cid, self.broker.sessions.get(cid))
         added = self.broker.merge_session(stored, self.clock.wall())
+        self.broker.remembered[cid].update(stored.remembered)
         await self.cluster.wait_durable()
         self.stats.merged_in += 1
         log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)
+        taken = self.taken_in.get(cid)
+        if taken is not None and taken.giver == peer:
+            # The giver relays what it cannot tell reached this node: these marks tell it
+            # (an optional field; an older node skips it).
+            return "ho_state", {"ok": True, "marks": dict(taken.marks)}
         return "ho_state", {"ok": True}
 
 def _stamp(data: object) -> HlcTimestamp:

@@ -21,6 +21,7 @@ from typing import Iterable, NamedTuple
 
 from routing.table import split_shared
 from routing.trie import TopicTrie
+from routing.wire import ALSO_SENT_TO
 from session_store import records
 from session_store.model import Message
 
@@ -42,26 +43,34 @@ class HeldRoutesRecord(NamedTuple):
 
 
 class HeldMessageRecord(NamedTuple):
-    """What the store keeps of one held message: `[message map, held at]`."""
+    """What the store keeps of one held message: `[message map, held at]`; the map's
+    optional "to" names the nodes the message went to for plain subscribers (as on
+    the wire: routing.wire `ALSO_SENT_TO`; an earlier version reads past it)."""
 
     message: Message
     held_at: float
+    also: tuple[str, ...] = ()
 
     def to_record(self) -> list[object]:
-        return [records.message_map(self.message), self.held_at]
+        data = records.message_map(self.message)
+        if self.also:
+            data[ALSO_SENT_TO] = list(self.also)
+        return [data, self.held_at]
 
     @classmethod
     def from_record(cls, data: object) -> "HeldMessageRecord":
-        if not isinstance(data, (list, tuple)) or len(data) != 2:
+        if not isinstance(data, (list, tuple)) or len(data) != 2 or not isinstance(data[0], dict):
             raise ValueError("a held message record is [message, held at]")
-        return cls(records.message_from_map(data[0]), float(data[1]))
+        also = data[0].get(ALSO_SENT_TO) or ()
+        return cls(records.message_from_map(data[0]), float(data[1]), tuple(str(n) for n in also))
 
 
 @dataclass
 class HeldMember:
     filters: frozenset[str]
     since: float
-    messages: deque[tuple[int, Message, float]] = field(default_factory=deque)  # (seq, message, held at)
+    # (seq, message, held at, the nodes it went to for plain subscribers)
+    messages: deque[tuple[int, Message, float, tuple[str, ...]]] = field(default_factory=deque)
     returned: bool = False  # reachable again: the routes still route until its own are back
 
 
@@ -125,7 +134,8 @@ class HeldTraffic:
 
     # ------------------------------------------------------------ messages
 
-    def add(self, member: str, msg: Message, now: float, seq: int | None = None) -> tuple[int, list[int]]:
+    def add(self, member: str, msg: Message, now: float, seq: int | None = None,
+            also: tuple[str, ...] = ()) -> tuple[int, list[int]]:
         """Hold `msg` for `member`: (its sequence number, the sequence numbers dropped to
         make room)."""
         held = self.members[member]
@@ -140,7 +150,7 @@ class HeldTraffic:
         while len(held.messages) >= self.max_messages:
             dropped.append(held.messages.popleft()[0])
             self.dropped_full += 1
-        held.messages.append((seq, msg, now))
+        held.messages.append((seq, msg, now, also))
         self.held_total += 1
         return seq, dropped
 
@@ -149,10 +159,14 @@ class HeldTraffic:
         they were held, for replay.  Its held routes stay (marked `returned`) until the
         caller sees the member's own routes again, so nothing published meanwhile falls
         between the two."""
+        return [(seq, msg) for seq, msg, _ in self.take_with_also(member)]
+
+    def take_with_also(self, member: str) -> list[tuple[int, Message, tuple[str, ...]]]:
+        """`take`, with the nodes each message went to for plain subscribers."""
         held = self.members.get(member)
         if held is None:
             return []
-        out = [(seq, msg) for seq, msg, _ in held.messages]
+        out = [(seq, msg, also) for seq, msg, _, also in held.messages]
         held.messages.clear()
         held.returned = True
         self.replayed += len(out)
@@ -165,7 +179,7 @@ class HeldTraffic:
             return []
         for f in held.filters:
             self.trie.remove(f, member)
-        return [(seq, msg) for seq, msg, _ in held.messages]
+        return [(seq, msg) for seq, msg, _, _ in held.messages]
 
     def expire(self, now: float) -> tuple[list[str], list[tuple[str, int]]]:
         """(members whose hold period ended, with everything they had; (member, seq) of
@@ -175,7 +189,7 @@ class HeldTraffic:
         for member, held in list(self.members.items()):
             if now - held.since > self.hold_period:
                 gone.append(member)
-                aged.extend((member, seq) for seq, _, _ in held.messages)
+                aged.extend((member, seq) for seq, _, _, _ in held.messages)
                 self.dropped_aged += len(held.messages)
                 self.release_routes(member)
                 del self.members[member]

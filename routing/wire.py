@@ -6,7 +6,9 @@ tests/routing/test_wire_compat.py):
 
 - `ForwardedItem`, one forwarded publish in a `fwd` batch on a mesh link:
   `[message map, plain, [[group, filter], ...], keep retained]`, and a fifth element
-  `true` when it is a held message replayed after a split;
+  `true` when it is a held message replayed after a split; a message forwarded to
+  more than one node for plain subscribers names them in its map's optional `"to"`
+  (earlier versions ignore the key; absent, the receiver assumes it was the only one);
 - `RouteBroadcast`, the `route` gossip broadcast: `[route delta, origin ts in us]`;
 - `PeerDigest`, the `routes` push-pull state: `{"n": node, "d": {origin: [epoch,
   version, hash]}}` (also `routes_req`'s `d`).
@@ -22,6 +24,9 @@ from typing import Mapping, NamedTuple, Sequence
 from routing.table import Digest, RouteDelta, digest_from_wire, digest_to_wire
 from session_store import records
 from session_store.model import Message
+
+
+ALSO_SENT_TO = "to"  # the message map's optional key: the nodes a forward went to for plain subscribers
 
 
 def forwarded_to_wire(message: Mapping[str, object], plain: bool, groups: Sequence[tuple[str, str]], keep_retained: bool,
@@ -42,10 +47,13 @@ class ForwardedItem:
     groups: tuple[tuple[str, str], ...]  # (group, filter): shared groups the receiver serves for it
     keep_retained: bool  # keep it as its topic's retained message
     replay: bool = False  # a held message replayed after a split: maybe taken once already
+    also: tuple[str, ...] = ()  # every node it was forwarded to for plain subscribers (when more than one)
 
     def to_wire(self) -> list[object]:
-        return forwarded_to_wire(records.message_map(self.message), self.plain, self.groups, self.keep_retained,
-                                 self.replay)
+        data = records.message_map(self.message)
+        if self.also:
+            data[ALSO_SENT_TO] = list(self.also)
+        return forwarded_to_wire(data, self.plain, self.groups, self.keep_retained, self.replay)
 
     @classmethod
     def from_wire(cls, data: object) -> "ForwardedItem":
@@ -55,8 +63,11 @@ class ForwardedItem:
         if not isinstance(message, dict) or not isinstance(groups, (list, tuple)):
             raise ValueError("bad forwarded item")
         parsed = tuple((str(g), str(f)) for g, f in groups)
+        also = message.get(ALSO_SENT_TO) or ()
+        if not isinstance(also, (list, tuple)):
+            raise ValueError("bad forwarded item: its message's 'to' is not a list")
         return cls(records.message_from_map(message), bool(plain), parsed, bool(keep_retained),
-                   len(data) == 5 and bool(data[4]))
+                   len(data) == 5 and bool(data[4]), tuple(str(n) for n in also))
 
 
 class RouteBroadcast(NamedTuple):

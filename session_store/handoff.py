@@ -89,13 +89,18 @@ def _options_from_wire(data: object) -> SubscriptionOptions:
     return SubscriptionOptions(qos, bool(no_local), bool(rap), rh, sid)
 
 
+def subscriptions_to_wire(subscriptions: dict[str, SubscriptionOptions]) -> list[object]:
+    """A session image's "s": [[filter, options], ...]."""
+    return [[f, _options_to_wire(o)] for f, o in subscriptions.items()]
+
+
 def image_of(session: Session) -> dict[str, object]:
     """Everything of a session except its queue (which goes in chunks)."""
     return {
         "x": session.expiry_interval,
         "l": session.protocol_level,
         "n": session.next_seq,
-        "s": [[f, _options_to_wire(o)] for f, o in session.subscriptions.items()],
+        "s": subscriptions_to_wire(session.subscriptions),
         "i": [[pid, e.state, delivery_to_wire(e.delivery)] for pid, e in session.inflight.items()],
         "q2": sorted(session.qos2_in) if session._qos2_in else [],
     }
@@ -118,7 +123,26 @@ def stored_from_image(client_id: str, image: object, queue: list[Delivery]) -> S
     for pid, _, state in stored.inflight:
         if not 1 <= pid <= 65535 or state not in ("publish", "pubrel"):
             raise HandoffError(f"bad inflight entry {pid} {state!r}")
+    remembered = image.get(REMEMBERED)
+    if isinstance(remembered, list):
+        try:
+            stored.remembered = {(None if o is None else str(o), int(i)) for o, i in remembered}
+        except (TypeError, ValueError) as exc:
+            raise HandoffError(f"bad remembered messages: {exc}") from None
     return stored
+
+
+REMEMBERED = "rk"  # an image's optional key: [[origin, message id], ...] the session was given lately
+REMEMBERED_SENT = 50_000  # at most this many go with an image
+
+
+def remembered_to_wire(keys: Iterable[tuple[str | None, int]]) -> list[list[object]]:
+    out: list[list[object]] = []
+    for origin, msg_id in keys:
+        if len(out) >= REMEMBERED_SENT:
+            break
+        out.append([origin, msg_id])
+    return out
 
 
 def queue_chunk(queue: Iterable[Delivery], after_seq: int, upto_seq: int | None = None) -> tuple[list[list], int, bool]:
@@ -279,6 +303,10 @@ class Giving:
     taker: str
     started: float
     commit_seq: int | None = None  # the tail ends here (set at ho_commit)
+    # Members the taker fenced (they took its routes and drained their links here),
+    # each with the last message id it forwarded before: what it forwards after that
+    # goes to the taker too.  ho_commit's optional "fenced".
+    fenced: dict[str, int] = field(default_factory=dict)
 
 
 def merge_stale(image: StoredSession, stale: Session) -> StoredSession:

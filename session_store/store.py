@@ -110,6 +110,9 @@ class StoredSession:
     queue: list[Delivery] = field(default_factory=list)  # in order
     qos2_in: set[int] = field(default_factory=set)
     will: tuple[Will, float | None] | None = None
+    # Handed over only: identities of the messages the session was given lately (see
+    # routing.handoff_driver `_start_remembering`); never stored.
+    remembered: set[tuple[str | None, int]] = field(default_factory=set)
 
 
 @dataclass

@@ -26,6 +26,15 @@ order
     have gone to the old owner's copy, which is merged into the new session later
     (routing.handoff_driver), behind what that session got meanwhile.  Such messages
     are checked for loss and duplicates, not for order.
+    Exempt too, for the same reason: a message published while some node could not
+    hear others (a cut, a node down, and `HEAL_SETTLE` after it, while the nodes still
+    hold each other dead and hold traffic for each other) and delivered after its
+    subscriber's session moved to another node (before the publish, or less than
+    `HEAL_SETTLE` after it): the forward may have been held or stuck on its way to the
+    old owner, or sent by a member the takeover could not fence (unreachable then, and
+    fenced by the new owner only once it is seen back), and reaches the session only
+    through the old owner's relay (routing.handoff_driver `relay_moved`), behind newer
+    messages.
 duplicate
     QoS 2 (4.3.3): a subscriber session (a clean client's connection, a persistent
     client's connections until its session ends) receives a message at most once; the only
@@ -250,9 +259,31 @@ def _fallbacks(history: History) -> dict[str, list[float]]:
     return out
 
 
+def _moves(history: History) -> dict[str, list[float]]:
+    """client -> when a reconnect of its persistent session (a clean_start=0 CONNECT
+    after the first) succeeded: the session may have moved to another node then."""
+    out: dict[str, list[float]] = defaultdict(list)
+    seen: set[str] = set()
+    for e in history.ordered():
+        if isinstance(e, Connected) and e.reason < 0x80 and not e.clean_start:
+            if e.client in seen:
+                out[e.client].append(e.at)
+            seen.add(e.client)
+    return out
+
+
+def _relayed_late(msg: Sent, delivered_at: float, moves: list[float], disruptions: list[tuple[float, float]]) -> bool:
+    """Published during a disruption (or while the nodes had not yet seen its end),
+    delivered after the session moved: it may have come through the old owner's relay
+    (see `order`)."""
+    return (any(msg.at - HEAL_SETTLE < moved <= delivered_at for moved in moves)
+            and any(since <= msg.at <= until + HEAL_SETTLE for since, until in disruptions))
+
+
 def check_order(history: History, final: FinalState) -> Violation | None:
     sent = {e.msg: e for e in history.events if isinstance(e, Sent)}
     disruptions = _disruptions(history)
+    moves = _moves(history)
     # (fallback, when the new session's routes had reached every node)
     resets = {c: [(r, subscription_counts_from(r, disruptions)) for r in rs] for c, rs in _fallbacks(history).items()}
     seen: set[tuple[str, int, str]] = set()  # (client, conn, msg) delivered on that connection
@@ -270,7 +301,8 @@ def check_order(history: History, final: FinalState) -> Violation | None:
         stream = (e.client, e.conn, msg.publisher, msg.conn, msg.topic, msg.qos)
         before = last.get(stream)
         if before is not None and sent[before.msg].seq > msg.seq and not any(
-                reset <= e.at and msg.at < settled for reset, settled in resets.get(e.client, ())):
+                reset <= e.at and msg.at < settled for reset, settled in resets.get(e.client, ())) and not (
+                _relayed_late(msg, e.at, moves.get(e.client, []), disruptions)):
             events: list[Event] = [d for d in history.events if isinstance(d, Delivered) and d.client == e.client
                       and d.conn == e.conn and sent.get(d.msg) is not None
                       and (sent[d.msg].publisher, sent[d.msg].conn, sent[d.msg].topic) == (msg.publisher, msg.conn, msg.topic)]

@@ -45,6 +45,18 @@ def test_replayed_item_keeps_its_fifth_element() -> None:
     assert cbor2.dumps(item.to_wire()) == OLD_REPLAYED
 
 
+def test_a_forward_to_several_nodes_names_them_where_an_older_node_ignores_it() -> None:
+    item = ForwardedItem(MSG, True, (), False, also=("B", "C"))
+    data = cbor2.loads(cbor2.dumps(item.to_wire()))
+    assert ForwardedItem.from_wire(data).also == ("B", "C")
+    # The names ride in the message map: the previous version's decoding of the item
+    # (an array of 4, its message map read key by key) takes it as the same message.
+    assert len(data) == 4 and data[0]["to"] == ["B", "C"]
+    assert records.message_map(records.message_from_map(data[0])) == records.message_map(MSG)
+    # A forward that names no one else (one target, or an older sender) is unchanged.
+    assert ForwardedItem.from_wire(cbor2.loads(OLD_FORWARDED)).also == ()
+
+
 def test_forwarded_items_in_a_link_frame_round_trip() -> None:
     old = wire.encode_frame_body("fwd", "A", {"e": "3.1", "s": 1, "m": [cbor2.loads(OLD_FORWARDED)]})
     new = wire.encode_frame_body("fwd", "A", {"e": "3.1", "s": 1, "m": [ForwardedItem.from_wire(cbor2.loads(OLD_FORWARDED)).to_wire()]})
