@@ -141,6 +141,10 @@ def _nothing() -> None:
 
 
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
+# A session that expired while its node was down lives this much longer after the
+# restart, in a cluster: its client may have resumed it on another node meanwhile,
+# which the node learns from the ownership claims, and then the copy is merged there.
+EXPIRED_WHILE_DOWN_GRACE = 30.0
 
 
 
@@ -198,6 +202,9 @@ class Broker:
         # Sessions started while their owner was unreachable: the identities of what
         # they were given, so a copy merged in later does not bring those back twice.
         self.remembered: dict[str, set[tuple[str | None, int]]] = {}
+        # Sessions restored past their expiry (client id -> when they expired), kept for
+        # `EXPIRED_WHILE_DOWN_GRACE` in case their client resumed them elsewhere.
+        self.expired_while_down: dict[str, float] = {}
 
     def set_limits(self, limits: BrokerLimits) -> None:
         """Cluster settings changed at run time (mesh.config_sync)."""
@@ -332,6 +339,7 @@ class Broker:
             self.store.delete_session(session.client_id)
             session.stored = False
         self.sessions.pop(session.client_id, None)
+        self.expired_while_down.pop(session.client_id, None)
         pending = self._pending_wills.pop(session.client_id, None)
         if pending is not None and publish_pending_will:
             # A will whose delay outlives the session is sent when the session ends.
@@ -801,7 +809,16 @@ class Broker:
                 token = next(self._timer_seq)
                 self._pending_wills[stored.client_id] = (token, will)
                 self._add_timer(due, "will", stored.client_id, token)
-            self._schedule_expiry(session, now)
+            deadline = session.expires_at()
+            if self.mesh is not None and deadline is not None and deadline <= now:
+                # Its client may have resumed it on another node before it expired (a
+                # takeover falls back while this node is down): kept a little, so the
+                # handoff driver can merge it there.  A CONNECT here still finds it
+                # expired (`open_session`), and the timer ends it after the grace.
+                self.expired_while_down[session.client_id] = deadline
+                self._add_timer(now + EXPIRED_WHILE_DOWN_GRACE, "expire", session.client_id, 0)
+            else:
+                self._schedule_expiry(session, now)
         if ids:
             self._msg_ids = itertools.count(max(max(ids) + 1, next(self._msg_ids)))
         if state.sessions or state.retained:

@@ -80,6 +80,9 @@ class SessionHost(Protocol):
     @property
     def remembered(self) -> dict[str, set[tuple[str | None, int]]]: ...
 
+    @property
+    def expired_while_down(self) -> dict[str, float]: ...
+
     def detach_for_handoff(self, client_id: str, now: float) -> Session | None: ...
 
     def discard_session(self, client_id: str, now: float) -> None: ...
@@ -780,6 +783,9 @@ class Handoffs:
                     or not session.persistent or cid in self.broker.connections or cid in self.giving
                     or cid in self._pushing or now_ms - claim.stamp.wall_ms < PUSH_GRACE_MS):
                 continue
+            expired_at = self.broker.expired_while_down.get(cid)
+            if expired_at is not None and claim.stamp.wall_ms > expired_at * 1000:
+                continue  # claimed after it expired: a new session there, not this one resumed
             self._pushing.add(cid)
             self._nursery.start_soon(self._push, cid, claim.owner)
 

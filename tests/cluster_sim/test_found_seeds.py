@@ -55,3 +55,17 @@ def test_late_forwards_after_moves_during_splits_are_neither_lost_nor_doubled() 
 def test_a_forward_arriving_just_after_the_session_moved_in_is_not_delivered_twice() -> None:
     # Seed 393 of 3 nodes, 6 clients, 15 s: the mirror case alone.
     assert simulate_seed(3, 6, 15, 393) == "seed=393 ok"
+
+
+# ------------------------------------------------- a node down past a session's expiry
+
+
+def test_a_copy_that_expired_while_its_node_was_down_is_merged_where_the_client_resumed() -> None:
+    # Seed 16: s5 (expiry 8 s) went offline with p2/5/5 queued on n4, n4 was killed,
+    # s5 came back on n3 within the 8 s (a fallback: n4 was down), and n4 restarted
+    # after the 8 s and dropped its copy as expired, though the client had resumed the
+    # session in time: p2/5/5, acknowledged, was lost.  A session restored past its
+    # expiry now lives EXPIRED_WHILE_DOWN_GRACE longer in a cluster and is pushed to
+    # the node that claimed its client before it expired (mesh/broker.py,
+    # routing/handoff_driver.py `_push_foreign_copies`).
+    assert simulate_seed(5, 20, 60, 16) == "seed=16 ok"
