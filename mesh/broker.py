@@ -21,7 +21,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import faults
 from clock import Clock, SystemClock
@@ -136,6 +136,10 @@ class BrokerStats:
         self.window_full = 0  # QoS >= 1 deliveries queued behind a full inflight window
 
 
+def _remembered_meta(client_id: str, key: tuple[str | None, int]) -> str:
+    return f"{REMEMBERED_META}{client_id}/{key[0] or ''}/{key[1]}"
+
+
 def _nothing() -> None:
     """The default `on_timer_change`: no driver to wake (a broker built alone, in tests)."""
 
@@ -145,6 +149,9 @@ REMEMBER_LIMIT = 100_000  # message identities remembered per session started in
 # restart, in a cluster: its client may have resumed it on another node meanwhile,
 # which the node learns from the ownership claims, and then the copy is merged there.
 EXPIRED_WHILE_DOWN_GRACE = 30.0
+# meta keys: rem/<client id>/<origin>/<message id> -> 1, what a remembering session was
+# given (kept across a restart: a copy merged in after it must not bring it back)
+REMEMBERED_META = "rem/"
 
 
 
@@ -796,6 +803,12 @@ class Broker:
                 self.retained.set(msg.topic, msg)
             else:
                 self.store.delete_retained(msg.topic)
+        for meta_key in state.meta:
+            if meta_key.startswith(REMEMBERED_META):
+                client_id, _, rest = meta_key[len(REMEMBERED_META):].partition("/")
+                origin, _, msg_id = rest.rpartition("/")
+                if msg_id.isdigit():
+                    self.remembered.setdefault(client_id, set()).add((origin or None, int(msg_id)))
         ids = [msg.msg_id for msg in state.retained]
         for stored in state.sessions.values():
             session = self._rebuild_session(stored, now, from_store=True)
@@ -922,7 +935,22 @@ class Broker:
     def _remember(self, client_id: str, msg: Message) -> None:
         keys = self.remembered[client_id]
         if len(keys) < REMEMBER_LIMIT:
-            keys.add((msg.origin, msg.msg_id))
+            key = (msg.origin, msg.msg_id)
+            keys.add(key)
+            self.store.put_meta(_remembered_meta(client_id, key), 1)
+
+    def remember(self, client_id: str, keys: Iterable[tuple[str | None, int]]) -> None:
+        """Remember (from now on, and these) the messages a session is given: one it
+        was given is not delivered to it again, whichever way it comes back."""
+        known = self.remembered.setdefault(client_id, set())
+        for key in keys:
+            if key not in known and len(known) < REMEMBER_LIMIT:
+                known.add(key)
+                self.store.put_meta(_remembered_meta(client_id, key), 1)
+
+    def forget_remembered(self, client_id: str) -> None:
+        for key in self.remembered.pop(client_id, ()):
+            self.store.delete_meta(_remembered_meta(client_id, key))
 
     def merge_session(self, stored: StoredSession, now: float) -> int:
         """Another node's copy of a session this node owns (a takeover that fell back,

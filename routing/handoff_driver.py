@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 
 import trio
 
@@ -49,6 +49,7 @@ MOVED_MEMORY = 60.0  # how long a giver remembers where a session went, at the l
 MAX_REDIRECTS = 3
 HOUSEKEEPING_INTERVAL = 2.0
 REMEMBER_FOR = 24 * 3600.0  # how long a session started in a conflict remembers what it got
+REMEMBER_UNTIL_META = "remuntil/"  # meta keys: remuntil/<client id> -> until when its session remembers (wall s)
 PUSH_GRACE_MS = 2000  # a copy held for another owner waits this long for a takeover first
 
 
@@ -92,6 +93,10 @@ class SessionHost(Protocol):
     def merge_handed_tail(self, session: Session, add: list[Delivery], drop: list[Delivery]) -> None: ...
 
     def merge_session(self, stored: StoredSession, now: float) -> int: ...
+
+    def remember(self, client_id: str, keys: Iterable[tuple[str | None, int]]) -> None: ...
+
+    def forget_remembered(self, client_id: str) -> None: ...
 
 
 class MetaNotes(Protocol):
@@ -187,8 +192,12 @@ class Handoffs:
                     self._note_moved(key[len(MOVED_META):], Moved.from_record(key[len(MOVED_META):], value))
                 elif key.startswith(TAKEN_META):
                     self.taken_in[key[len(TAKEN_META):]] = TakenIn.from_record(value)
+                elif key.startswith(REMEMBER_UNTIL_META) and isinstance(value, (int, float)):
+                    self._remember_until[key[len(REMEMBER_UNTIL_META):]] = float(value)
             except (KeyError, TypeError, ValueError):
                 log.error("ignoring a stored handoff record %s", key)
+        for cid in self.broker.remembered:
+            self._remember_until.setdefault(cid, self.clock.wall() + self.moved_memory)
 
     async def run(self) -> None:
         """Housekeeping: givers that timed out, old tombstones, old `moved` notes, and
@@ -337,18 +346,23 @@ class Handoffs:
         relayed here) the broker remembers which messages the session is given (and
         what it holds now, and `given`: what it was given on the node it came from),
         so a copy merged into it later, or a late forward, does not deliver them twice."""
-        keys = self.broker.remembered.setdefault(client_id, set())
+        keys: list[tuple[str | None, int]] = []
         if session is not None:  # what it holds now is what it may deliver
-            keys.update(message_key(e.delivery.message) for e in session.inflight.values())
-            keys.update(message_key(d.message) for d in (session.queue if session.queued else ()))
-        if given:
-            keys.update(given)
-        until = self.clock.wall() + (self.moved_memory if for_s is None else for_s)
-        self._remember_until[client_id] = max(until, self._remember_until.get(client_id, 0.0))
+            keys.extend(message_key(e.delivery.message) for e in session.inflight.values())
+            keys.extend(message_key(d.message) for d in (session.queue if session.queued else ()))
+        keys.extend(given or ())
+        self.broker.remember(client_id, keys)
+        until = max(self.clock.wall() + (self.moved_memory if for_s is None else for_s),
+                    self._remember_until.get(client_id, 0.0))
+        if until != self._remember_until.get(client_id):
+            self._remember_until[client_id] = until
+            if self.notes is not None:
+                self.notes.put_meta(REMEMBER_UNTIL_META + client_id, until)
 
     def _stop_remembering(self, client_id: str) -> None:
-        self._remember_until.pop(client_id, None)
-        self.broker.remembered.pop(client_id, None)
+        if self._remember_until.pop(client_id, None) is not None and self.notes is not None:
+            self.notes.delete_meta(REMEMBER_UNTIL_META + client_id)
+        self.broker.forget_remembered(client_id)
 
     def _image(self, session: Session) -> dict[str, object]:
         """A session's image for a handoff or a push, with what it was given lately."""
@@ -860,7 +874,7 @@ class Handoffs:
         # A push whose answer was lost comes again: what it merged must not be merged twice.
         self._start_remembering(cid, self.broker.sessions.get(cid))
         added = self.broker.merge_session(stored, self.clock.wall())
-        self.broker.remembered[cid].update(stored.remembered)
+        self.broker.remember(cid, stored.remembered)
         await self.cluster.wait_durable()
         self.stats.merged_in += 1
         log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)

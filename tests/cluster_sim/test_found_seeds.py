@@ -69,3 +69,15 @@ def test_a_copy_that_expired_while_its_node_was_down_is_merged_where_the_client_
     # the node that claimed its client before it expired (mesh/broker.py,
     # routing/handoff_driver.py `_push_foreign_copies`).
     assert simulate_seed(5, 20, 60, 16) == "seed=16 ok"
+
+
+# ------------------------------------------------- what a session was given, across a restart
+
+
+def test_a_session_remembers_what_it_was_given_across_a_restart() -> None:
+    # Seed 7: s0 moved to n0 and got p5/3/7 there, n0 was killed and restarted; a copy
+    # relayed for s0 from its first node was merged into it after the restart, and
+    # the set of what the session had been given, kept in memory only, was gone:
+    # p5/3/7 came a second time.  The set is kept in the store's meta now
+    # (mesh/broker.py `remember`, routing/handoff_driver.py `_start_remembering`).
+    assert simulate_seed(5, 20, 60, 7) == "seed=7 ok"
