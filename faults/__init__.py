@@ -19,8 +19,9 @@ double-deliver-qos2  mesh/broker.py `Broker.deliver`: a QoS 2 delivery goes to t
                      twice, as two messages
 forget-route         routing/table.py `RouteTable._drain`: a peer's route addition is
                      counted (its version advances) but not applied
-stale-owner          routing/handoff_driver.py `Handoffs._handed_over`: the old owner keeps
-                     its copy of a session it handed over
+stale-owner          routing/handoff_driver.py `Handoffs._handed_over` and
+                     `_push_foreign_copies`: the old owner keeps its copy of a session it
+                     handed over (and never pushes it to the owner to be merged)
 ==================== ====================================================================
 
 The flags are plain module globals on purpose: `from faults import DROP_FORWARD` would

@@ -797,6 +797,8 @@ class Handoffs:
                     or not session.persistent or cid in self.broker.connections or cid in self.giving
                     or cid in self._pushing or now_ms - claim.stamp.wall_ms < PUSH_GRACE_MS):
                 continue
+            if faults.STALE_OWNER and cid in self.moved:
+                continue  # BUGGIFY: the copy handed over stays here
             expired_at = self.broker.expired_while_down.get(cid)
             if expired_at is not None and claim.stamp.wall_ms > expired_at * 1000:
                 continue  # claimed after it expired: a new session there, not this one resumed
