@@ -57,7 +57,7 @@ def write_csv(df: DataFrame, path: Path) -> Path:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(df.columns)
-        for row in df.toLocalIterator():
+        for row in df.collect():  # per event / node / crash: small; one job, not one per partition
             w.writerow(["" if v is None else v for v in row])
     return path
 
@@ -127,6 +127,16 @@ def _run(
         progress(f"meshd report: skipped {loaded.bad_lines} bad line(s)")
     traces = loaded.traces
 
+    def provisional(df: DataFrame) -> Method:
+        # Input of at most exact_limit rows has no larger group: exact, without a
+        # counting pass (the group's size is filled in from the result).
+        if loaded.rows <= exact_limit:
+            return Method(exact=True, largest_group=-1)
+        return choose_method(df, limit=exact_limit)
+
+    def settled(method: Method, rows: int) -> Method:
+        return Method(exact=True, largest_group=rows) if method.largest_group < 0 else method
+
     def basics() -> tuple[DataFrame, DataFrame, DataFrame, dict[str, Any]]:
         life = lifetimes.node_lifetimes(traces, crash_grace_us).cache()
         heads = dissemination.alive_counts(traces, life).cache()
@@ -145,16 +155,17 @@ def _run(
     def dissem() -> tuple[DataFrame, DataFrame, dict[str, Any], Method]:
         arrays = dissemination.delay_arrays(obs, heads).cache()
         events = dissemination.event_table(arrays).cache()
-        ev_method = choose_method(events, limit=exact_limit)
+        ev_method = provisional(events)
         dsum = summary.dissemination_summary(events, obs, ev_method)
-        return arrays, events, dsum, ev_method
+        return arrays, events, dsum, settled(ev_method, dsum["events"])
 
     arrays, events, dissem_summary, ev_method = stages.run("dissemination", dissem)
 
     def parts() -> tuple[DataFrame, dict[str, Any]]:
         episodes = partitions.partition_episodes(traces).cache()
-        part_method = choose_method(episodes, limit=exact_limit)
-        return episodes, summary.partition_summary(episodes, part_method)
+        part_method = provisional(episodes)
+        part = summary.partition_summary(episodes, part_method)
+        return episodes, part
 
     episodes, part_summary = stages.run("partitions", parts)
 
@@ -163,9 +174,10 @@ def _run(
         det = failures.detection(traces, life, crashed).cache()
         classified = failures.declarations(traces, life, episodes).cache()
         fp = failures.false_positives(classified)
-        method = choose_method(det, limit=exact_limit)
+        method = provisional(det)
+        decl = summary.declaration_summary(classified)
         return (det, classified, fp, summary.detection_summary(det, method),
-                summary.false_positive_summary(fp), summary.declaration_summary(classified))
+                summary.false_positive_summary(fp, decl["by_class"]["false_positive"]), decl)
 
     det, classified, fp, det_summary, fp_summary, decl_summary = stages.run(
         "crash detection and declarations", detect)
@@ -238,7 +250,7 @@ def _run(
     def page() -> None:
         if "html" not in formats:
             return
-        plots = collect_plot_data(arrays, events, det)
+        plots = collect_plot_data(arrays, events, det, dissem_summary["events"])
         plots.lag = lag_top
         plots.timeline = collect_timeline(classified, episodes, det, facts["start_ts_us"])
         html_path = render_report(result_summary, plots, out, formats)
@@ -270,11 +282,10 @@ def collect_timeline(classified: DataFrame, episodes: DataFrame, det: DataFrame,
     return tl
 
 
-def collect_plot_data(arrays: DataFrame, events: DataFrame, det: DataFrame) -> PlotData:
+def collect_plot_data(arrays: DataFrame, events: DataFrame, det: DataFrame, n_events: int) -> PlotData:
     """Bring the (small) series the plots need to the driver."""
-    plots = PlotData()
-    plots.curve = [r.asDict() for r in dissemination.infection_curve(arrays).collect()]
-    n_events = events.count()
+    plots = PlotData(events=n_events)
+    plots.curve = [r.asDict() for r in dissemination.infection_curve(arrays).collect()] if n_events else []
     sample = events if n_events <= PLOT_EVENT_LIMIT else events.sample(
         fraction=PLOT_EVENT_LIMIT / n_events, seed=7
     )

@@ -142,8 +142,10 @@ def detection_summary(det: DataFrame, method: Method) -> dict[str, Any]:
     }
 
 
-def false_positive_summary(fp: DataFrame) -> dict[str, Any]:
-    count = fp.count()
+def false_positive_summary(fp: DataFrame, count: int | None = None) -> dict[str, Any]:
+    """``count`` when known (from the classification), else counted here."""
+    if count is None:
+        count = fp.count()
     rows = fp.orderBy("ts_us", "member", "declared_by").limit(LIST_LIMIT).collect()
     return {
         "count": count,
