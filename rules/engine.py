@@ -244,10 +244,11 @@ class RuleEngine:
         return self._run_all(outputs, source) if outputs else None
 
     def _match(self, topic: str) -> tuple[Rule, ...]:
-        """The rules whose filters match `topic` (each once), remembered per topic until
-        the rules change; the memory is bounded (cleared when full)."""
-        matches = self._by_filter.match_filters(topic)
-        rules = tuple(self.rules[i] for i in dict.fromkeys(i for _, ids in matches for i in ids))
+        """The rules whose filters match `topic` (each once, in the order the rules were
+        put in place, whatever the trie's order), remembered per topic until the rules
+        change; the memory is bounded (cleared when full)."""
+        matched = {i for _, ids in self._by_filter.match_filters(topic) for i in ids}
+        rules = tuple(r for r in self.rules.values() if r.id in matched)  # in the order they were put in place
         if len(self._rules_by_topic) >= TOPIC_MEMORY:
             self._rules_by_topic.clear()
         self._rules_by_topic[topic] = rules
