@@ -11,6 +11,7 @@ winning over the node's own flag, environment, file or default.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import fields, replace
 from typing import Any, Callable, Iterable, Mapping, Protocol
@@ -28,8 +29,18 @@ _LIMIT_NAMES = frozenset(f.name for f in fields(BrokerLimits))
 
 
 def register_entry(register: Register) -> dict[str, object]:
-    """A cluster-wide value as `/api/v1/config` shows it."""
-    return {**register.as_dict(), "source": "cluster"}
+    """A cluster-wide value as `/api/v1/config` shows it (a bridge's password masked)."""
+    entry = {**register.as_dict(), "source": "cluster"}
+    family = family_of(register.key)
+    if family is not None and family[0] == "bridge" and isinstance(register.value, str) and register.value:
+        try:
+            table = json.loads(register.value)
+        except ValueError:
+            return entry
+        if isinstance(table, dict) and table.get("password") is not None:
+            table["password"] = "***"
+            entry["value"] = json.dumps(table, sort_keys=True)
+    return entry
 
 
 def settings_in_effect(settings: Settings, registers: Iterable[Register]) -> list[dict[str, object]]:

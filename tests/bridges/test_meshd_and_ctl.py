@@ -74,3 +74,15 @@ def test_ctl_bridges_add_list_show_delete_and_an_unreachable_host(node_factory: 
     assert deleted.returncode == 0, deleted.stderr
     missing = run_cli(["ctl", "--http", http, "bridges", "show", "nowhere"])
     assert missing.returncode == 1 and "no such bridge" in missing.stderr
+
+
+def test_the_config_listing_masks_a_cluster_bridges_password(node_factory: Callable[..., RunningNode]) -> None:
+    node = node_factory()
+    http = f"127.0.0.1:{node.ports['http']}"
+    added = run_cli(["ctl", "--http", http, "bridges", "add",
+                     '{"id": "secret", "type": "http", "url": "http://127.0.0.1:1/x", "password": "hunter2"}'])
+    assert added.returncode == 0, added.stderr
+    listing = run_cli(["ctl", "--http", http, "--json", "config", "list"])
+    assert "hunter2" not in listing.stdout and "bridge/secret" in listing.stdout
+    shown = run_cli(["ctl", "--http", http, "--json", "bridges", "show", "secret"])
+    assert "hunter2" not in shown.stdout
