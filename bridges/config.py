@@ -80,13 +80,15 @@ class BridgeConfig:
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     def as_table(self, *, redact: bool = True) -> dict[str, Any]:
-        """The config as JSON (what POST takes back); the password masked."""
+        """The config as JSON (what POST takes back); the password and header values masked."""
         out = asdict(self)
         out["egress"] = list(self.egress)
         out["ingress"] = list(self.ingress)
         out["headers"] = dict(self.headers)
         if redact and self.password is not None:
             out["password"] = "***"
+        if redact:  # header values often carry a token (Authorization)
+            out["headers"] = {name: "***" for name in out["headers"]}
         return out
 
 

@@ -58,6 +58,7 @@ def test_http_bridge_posts_in_order_and_survives_500_and_hangs(node_factory: Cal
         wait_for(lambda: len(target.received) == 1, what="first POST")
         assert target.received[0]["topic"] == "h/1" and target.received[0]["payload"] == "one"
         assert target.headers[0]["X-Token"] == "t1"
+        assert bridge(node, "hook")["config"]["headers"] == {"X-Token": "***"}  # sent, never shown
 
         target.mode = "fail"
         for i in (2, 3, 4):
