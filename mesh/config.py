@@ -45,6 +45,11 @@ __all__ = [
 
 ENV_PREFIX = "MESHD_"
 CONFIG_ENV = "MESHD_CONFIG"
+# Variables with the prefix that are not settings: the config file's path, the
+# pure-Python switch read at import (mypyc-compiled cores), the test runner's worker
+# count (nodes under test inherit the runner's environment). Anything else with the
+# prefix must be a setting, so a typo is refused rather than ignored.
+NON_SETTING_ENV = frozenset({CONFIG_ENV, "MESHD_PURE_PYTHON", "MESHD_TEST_WORKERS"})
 
 
 class ConfigError(Exception):
@@ -592,7 +597,7 @@ def _toml_values(path: str) -> dict[str, object]:
 def _env_values(env: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for var, value in env.items():
-        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+        if not var.startswith(ENV_PREFIX) or var in NON_SETTING_ENV:
             continue
         name = var[len(ENV_PREFIX) :].lower()
         if name not in SETTINGS_BY_NAME:

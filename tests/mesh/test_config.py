@@ -389,3 +389,10 @@ def test_describe_settings_masks_secret() -> None:
     assert "cluster_key = ***" in lines and "mqtt = off" in lines and "seed = a:1" in lines
     assert not any("s3cret" in line for line in lines)
     assert len(lines) == len(SETTINGS)
+
+
+def test_the_prefixed_variables_that_are_not_settings_are_accepted() -> None:
+    # The test runner's worker count and the pure-Python switch reach every node started
+    # under them; refusing them would stop those nodes at start.
+    env = {"MESHD_TEST_WORKERS": "2", "MESHD_PURE_PYTHON": "1"}
+    assert load_settings({}, env=env) == Settings()
