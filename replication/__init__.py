@@ -1,0 +1,1 @@
+"""Persistent sessions replicated to other members, and taken over from a replica."""
