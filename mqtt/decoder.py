@@ -125,7 +125,11 @@ class Decoder:
         self.max_packet_size: int | None = max_packet_size
         self._is_server = role == "server"
         self._receives = _SERVER_RECEIVES if self._is_server else _CLIENT_RECEIVES
-        self._buf = bytearray()
+        # What was fed and not yet decoded from `_pos` on: the bytes of the last feed as
+        # they came when it held whole packets (no copy; the common case), a bytearray
+        # while a packet arrives in pieces, and the shared b"" once all is decoded (an
+        # idle connection holds no buffer of its own).
+        self._buf: bytes | bytearray = b""
         self._pos = 0  # start of the first unread byte in _buf
         self._header: tuple[int, int, int] | None = None  # (first byte, remaining, header len)
         self._error: RemoteProtocolError | None = None
@@ -138,14 +142,20 @@ class Decoder:
             raise self._error
         buf = self._buf
         pos = self._pos
-        if pos:
-            if pos == len(buf):
-                del buf[:]
-                self._pos = 0
-            elif pos >= _COMPACT_AT and pos * 2 >= len(buf):
-                # amortised: we move at most as many bytes as were consumed
-                del buf[:pos]
-                self._pos = 0
+        if pos == len(buf):
+            # Nothing left over: decode from the caller's bytes as they are (immutable:
+            # no copy); anything else is copied once.
+            self._buf = data if type(data) is bytes else bytes(data)
+            self._pos = 0
+            return
+        if type(buf) is not bytearray:
+            # A packet begun in the last feed: gather the pieces from here on.
+            self._buf = buf = bytearray(memoryview(buf)[pos:])
+            self._pos = 0
+        elif pos >= _COMPACT_AT and pos * 2 >= len(buf):
+            # amortised: we move at most as many bytes as were consumed
+            del buf[:pos]
+            self._pos = 0
         buf += data
 
     @property
@@ -161,7 +171,7 @@ class Decoder:
             return self._next_packet()
         except RemoteProtocolError as exc:
             self._error = exc
-            self._buf = bytearray()
+            self._buf = b""
             self._pos = 0
             raise
 
@@ -217,9 +227,16 @@ class Decoder:
             if len(buf) < end:
                 return None
             self._header = None
-        with memoryview(buf) as view:
-            body = view[start:end].tobytes()
-        self._pos = end
+        if type(buf) is bytes:
+            body = buf[start:end]
+        else:
+            with memoryview(buf) as view:
+                body = view[start:end].tobytes()
+        if end == len(buf):
+            self._buf = b""  # all decoded: hold nothing (see __init__)
+            self._pos = 0
+        else:
+            self._pos = end
         return _DECODERS[first >> 4](self, first, body)
 
     def _check_fixed_header(self, first: int, remaining: int, header_len: int) -> None:
