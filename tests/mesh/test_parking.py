@@ -4,6 +4,7 @@ CONNECT answered while parked, keep alive and CONNECT timeouts, takeover, shutdo
 from __future__ import annotations
 
 import math
+import os
 import socket
 import time
 
@@ -217,8 +218,11 @@ def test_accepted_clients_have_nagle_off(node):
     # Set once on the listener and inherited (Linux), or per client where it is not.
     raw = Raw(node.mqtt_port, level=4)
     raw.connect("nodelay")
-    fds = node.call(lambda: [c.stream._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-                             for c in node.node.broker.connections.values()])
+    def nodelay(fd: int) -> int:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    fds = node.call(lambda: [nodelay(c.stream.fileno()) for c in node.node.broker.connections.values()])
     assert fds and all(fds)
 
 
