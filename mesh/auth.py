@@ -449,9 +449,13 @@ class Authenticator:
 
     def check(self, username: str | None, password: bytes | None, peer_ip: str, now: float) -> AuthResult:
         """Decide a CONNECT from `peer_ip` at `now` (seconds, any monotonic clock)."""
-        key = rate_limit_key_for_ip(peer_ip)
-        with self._lock:
-            wait = self._failures.delay_until_available(key, now)
+        # The key (an address parse) only when some address failed lately: a CONNECT
+        # on a node without failures pays nothing for the rate limit.
+        key = rate_limit_key_for_ip(peer_ip) if len(self._failures) or self._failures.burst < 1 else None
+        wait = 0.0
+        if key is not None:
+            with self._lock:
+                wait = self._failures.delay_until_available(key, now)
         if wait > 0:
             result = AuthResult(AuthOutcome.RATE_LIMITED, username, "too many failed attempts from this address", wait)
             log.debug("auth refused for user %r from %s: %s", username, peer_ip, result.detail)
@@ -459,7 +463,7 @@ class Authenticator:
         result = self._decide(username or None, password, peer_ip)
         if not result.ok:
             with self._lock:
-                self._failures.take(key, now)
+                self._failures.take(key or rate_limit_key_for_ip(peer_ip), now)
             log.warning("auth failed for user %r from %s: %s", username, peer_ip, result.detail)
         return self._count(result)
 

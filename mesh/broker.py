@@ -49,6 +49,8 @@ class Mesh(Protocol):
 
     def plain_nodes(self, topic: str) -> set[str]: ...
 
+    def stays_here(self, retain: bool) -> bool: ...
+
     def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]: ...
 
     def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str: ...
@@ -487,6 +489,10 @@ class Broker:
                 properties = replace(properties, topic_alias=None, subscription_identifiers=())
         return Message(topic, payload, qos, retain, properties, expires_at, publisher, next(self._msg_ids), self.node_id)
 
+    def has_subscribers(self, topic: str) -> bool:
+        """Whether a message on `topic` published now would reach a session here."""
+        return bool(self.subscriptions.match_filters(topic)) or bool(len(self.shared) and self.shared.match_filters(topic))
+
     def publish(self, msg: Message, now: float, *, internal: bool = False, gate: AckGate | None = None,
                 replay: bool = False) -> int:
         """Route a message published by a local client (or the node itself) to every
@@ -503,7 +509,7 @@ class Broker:
         if msg.retain:
             self._set_retained(msg, persist=not internal)
         mesh = self.mesh
-        if mesh is None or internal:
+        if mesh is None or internal or mesh.stays_here(msg.retain):
             return self._route(msg, now, plain=True, only_groups=None, remote=None)
         remote = {node: ForwardTarget(True, [], False) for node in mesh.plain_nodes(msg.topic)}
         if msg.retain:

@@ -220,14 +220,18 @@ class Client:
                   listener=self.transport, reason=reason, code=None if code is None else f"0x{code:02X}")
         hooks = self.broker.hooks
         if hooks.client_disconnected:
-            hooks.notify(HookPoint.CLIENT_DISCONNECTED, self.hook_info(), reason)
+            hooks.notify(HookPoint.CLIENT_DISCONNECTED, self.hook_info(keep=False), reason)
 
-    def hook_info(self) -> ClientInfo:
-        """Who this client is, as hook callbacks see it (made once, after CONNECT)."""
+    def hook_info(self, *, keep: bool = True) -> ClientInfo:
+        """Who this client is, as hook callbacks see it (made once, after CONNECT).
+        `keep=False` for a callback that comes once (connected, disconnected): an idle
+        client then holds no ClientInfo (~90 bytes) that nothing asks for again."""
         info = self._hook_info
         if info is None or info.acl is not self.acl or info.client_id != self.client_id or info.username != self.username:
-            info = self._hook_info = ClientInfo(self.client_id, self.username, self.peer, self.transport,
-                                                self.machine.protocol_level, self.broker.node_id, self.acl)
+            info = ClientInfo(self.client_id, self.username, self.peer, self.transport,
+                              self.machine.protocol_level, self.broker.node_id, self.acl)
+            if keep:
+                self._hook_info = info
         return info
 
     def _protocol_violation(self, event: ProtocolViolation) -> None:
@@ -338,7 +342,7 @@ class Client:
                   keepalive=self.machine.keep_alive, session_present=present, username=self.username)
         hooks = self.broker.hooks
         if hooks.client_connected:
-            hooks.notify(HookPoint.CLIENT_CONNECTED, self.hook_info())
+            hooks.notify(HookPoint.CLIENT_CONNECTED, self.hook_info(keep=False))
         if present:
             self._resume(now)
 
@@ -533,7 +537,8 @@ class Client:
         store = broker.store
         epoch_before = store.write_epoch
         # In a cluster the ack also waits for the nodes the message was forwarded to.
-        gate = AckGate() if qos and broker.mesh is not None else None
+        mesh = broker.mesh
+        gate = AckGate() if qos and mesh is not None and msg is not None and not mesh.stays_here(msg.retain) else None
         matched = broker.publish(msg, now, gate=gate) if msg is not None else 0
         if not matched and broker.hooks.message_dropped:
             broker.dropped(msg if msg is not None else broker.make_message(p.topic, p.payload, qos, p.retain, p.properties,

@@ -32,6 +32,7 @@ class SysBroker(BrokerCounts, Protocol):
     def make_message(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
                      publisher: str | None, now: float) -> Message: ...
     def publish(self, msg: Message, now: float, *, internal: bool = False) -> int: ...
+    def has_subscribers(self, topic: str) -> bool: ...
 
 
 class MemberList(Protocol):
@@ -121,10 +122,12 @@ class SysPublisher:
         if "+" in client.client_id or "#" in client.client_id:
             return  # not a topic name level
         broker = self.broker
+        topic = f"$SYS/brokers/{broker.node_id}/clients/{client.client_id}/{event}"
+        if not broker.has_subscribers(topic):
+            return  # not retained: with no one to receive it, nothing to build (per CONNECT)
         now = self.clock.wall()
         body = {"clientid": client.client_id, "username": client.username, "peer": client.peer, "node": client.node,
                 "ts": int(now * 1000), **extra}
-        topic = f"$SYS/brokers/{broker.node_id}/clients/{client.client_id}/{event}"
         broker.publish(broker.make_message(topic, json.dumps(body).encode(), 0, False, EMPTY_PROPERTIES, None, now),
                        now, internal=True)
 

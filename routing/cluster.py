@@ -141,6 +141,7 @@ class Cluster:
         self._restore_held(recovered_meta or {})
         port.on_forward(self.forward)
         port.on_session_ended(self.handoffs.session_ended)
+        port.on_holding(lambda: bool(self.held.members))
         port.serve_connects(self.handoffs)
         # The routes of the sessions restored from the store go into the table now, not
         # at the first flush: a peer that pulls this node's snapshot before then (a

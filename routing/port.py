@@ -55,6 +55,11 @@ def _no_session(client_id: str) -> None:
     """Before the cluster registers its own: no ended session can hold a claim yet."""
 
 
+def _holds_nothing() -> bool:
+    """Before the cluster registers its own: nothing is held for any member."""
+    return False
+
+
 class MeshPort:
     def __init__(self, table: RouteTable, members: Members) -> None:
         self.table = table
@@ -63,6 +68,7 @@ class MeshPort:
         self.retained_targets: Callable[[], list[str]] = members.alive_members
         self.forward: Forward = _no_forward
         self.session_ended: Callable[[str], None] = _no_session
+        self.holding: Callable[[], bool] = _holds_nothing  # traffic held for an unreachable member?
         self._claims: ConnectClaims | None = None
         self._shared_next: dict[tuple[str, str], int] = {}
         self._route_changes: list[tuple[str, bool]] = []
@@ -75,6 +81,17 @@ class MeshPort:
 
     def on_session_ended(self, handler: Callable[[str], None]) -> None:
         self.session_ended = handler
+
+    def on_holding(self, handler: Callable[[], bool]) -> None:
+        self.holding = handler
+
+    def stays_here(self, retain: bool) -> bool:
+        """Whether a local publish goes to no other node, whatever its topic: no remote
+        route (plain or shared), nothing held for an unreachable member, and not a
+        retained message (those are replicated). A single node's publish then skips
+        the route lookups and the forward altogether."""
+        table = self.table
+        return not retain and not len(table.trie) and not len(table.shared_trie) and not self.holding()
 
     def serve_connects(self, claims: ConnectClaims) -> None:
         self._claims = claims
