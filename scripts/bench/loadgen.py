@@ -444,6 +444,11 @@ class _Handshake:
         self.received = bytearray()
 
 
+# Connections per local address: one address has ~28,000 ephemeral ports (Linux's
+# default range), so beyond that the clients bind to 127.0.0.2, 127.0.0.3, ...
+PER_SOURCE_ADDRESS = 20_000
+
+
 def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurrency: int = 200,
                      timeout: float = 60.0, settle: float = 1.0, tag: str = "i") -> dict[str, Any]:
     """Open `count` idle MQTT connections; connects/s and RSS delta per connection."""
@@ -465,6 +470,8 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
             while in_flight < concurrency and started < count:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 s.setblocking(False)
+                if count > PER_SOURCE_ADDRESS:
+                    s.bind((f"127.0.0.{1 + started // PER_SOURCE_ADDRESS}", 0))
                 rc = s.connect_ex(("127.0.0.1", port))
                 if rc not in (0, errno.EINPROGRESS):
                     s.close()
@@ -472,7 +479,7 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
                     started += 1
                     continue
                 open_socks.append(s)
-                sel.register(s, selectors.EVENT_WRITE, _Handshake(s, f"{tag}-{started:05d}"))
+                sel.register(s, selectors.EVENT_WRITE, _Handshake(s, f"{tag}-{started:06d}"))
                 started += 1
                 in_flight += 1
             for key, mask in sel.select(0.5):

@@ -33,8 +33,12 @@ sys.path.insert(1, str(HERE.parents[1]))  # the repository, for mqtt
 import brokers  # noqa: E402
 import persistence  # noqa: E402
 import procstat  # noqa: E402
+import scenarios  # noqa: E402
 import table  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
+
+# What --smoke runs by default: one of each kind the issue-27 targets name.
+SMOKE_SCENARIOS = ("fanin-qos1", "latency-qos0", "idle-5000")
 
 DEFAULT_BROKERS = ("meshd", "amqtt", "mosquitto")
 
@@ -91,9 +95,12 @@ def run_one(name: str, scenario_name: str, rep: int, quick: bool, work: Path) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one repetition, 2 s scenarios")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check that the bench works (CI): one repetition, 0.3 s scenarios, 200 idle "
+                             f"connections; default scenarios {','.join(SMOKE_SCENARIOS)}; the figures mean nothing")
     parser.add_argument("--reps", type=int, help="repetitions (default 1 quick, 3 full)")
     parser.add_argument("--brokers", default=",".join(DEFAULT_BROKERS))
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated; default all")
+    parser.add_argument("--scenarios", help="comma-separated; default all")
     parser.add_argument("--out", type=Path, help="JSON lines file to append to")
     parser.add_argument("--source", default="HEAD",
                         help="git revision of meshd to measure (exported to a temp dir), or 'worktree' "
@@ -106,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--durability-batch-ms must be > 0")
     persistence.BATCH_MS = args.durability_batch_ms
 
+    scenarios.SMOKE = args.smoke
+    if args.smoke:
+        args.quick = True
     names = [b for b in args.brokers.split(",") if b]
-    chosen = [s for s in args.scenarios.split(",") if s]
+    chosen = [s for s in (args.scenarios or ",".join(SMOKE_SCENARIOS if args.smoke else SCENARIOS)).split(",") if s]
     unknown = [b for b in names if b not in brokers.BROKERS] + [s for s in chosen if s not in SCENARIOS]
     if unknown:
         parser.error(f"unknown broker or scenario: {', '.join(unknown)} (scenarios: {', '.join(SCENARIOS)})")
@@ -129,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {brokers.GENERATOR_CORE})
     header = {
         "kind": "header", "ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "pinned": pin, "quick": args.quick, "reps": reps,
+        "machine": machine(), "pinned": pin, "quick": args.quick, "smoke": args.smoke, "reps": reps,
         "versions": {n: brokers.BROKERS[n].version() for n in names},
         "source": source,
         "durability_batch_ms": persistence.BATCH_MS,

@@ -65,12 +65,21 @@ IDLE_METRICS = (
     Metric("kb_per_conn", "KB per idle connection", False, "{:.2f}"),
     Metric("connected", "connected", True),
     Metric("cpu_us_per_connect", "broker CPU µs per connect", False, "{:.0f}"),
+    Metric("rss_after_kb", "broker RSS with every client connected, KB", False, "{:,.0f}"),
     Metric("broker_cpu_pct", "broker CPU % while connecting", False),
     Metric("gen_cpu_pct", "generator CPU % while connecting", False),
 )
 
 
+# run.py --smoke: every scenario as a short check that it works (a fraction of a second
+# of load, 200 idle connections); its figures mean nothing.
+SMOKE = False
+SMOKE_IDLE_CONNECTIONS = 200
+
+
 def _duration(quick: bool) -> float:
+    if SMOKE:
+        return 0.3
     return 2.0 if quick else 4.0
 
 
@@ -92,12 +101,19 @@ def _throughput(publishers: int, subscribers: int, qos: int, topics: str = "one"
 
 def _latency(qos: int) -> RunFn:
     def run(port: int, pid: int, quick: bool) -> dict[str, Any]:
-        return loadgen.latency(port, pid, qos=qos, rate=2000.0, duration=_duration(quick))
+        return loadgen.latency(port, pid, qos=qos, rate=2000.0, duration=_duration(quick), **_SMOKE_LATENCY if SMOKE else {})
     return run
 
 
-def _idle(port: int, pid: int, quick: bool) -> dict[str, Any]:
-    return loadgen.idle_connections(port, pid, count=5000, timeout=30.0 if quick else 60.0)
+_SMOKE_LATENCY: dict[str, Any] = {"warmup": 0.1, "drain_s": 0.5}
+
+
+def _idle(count: int) -> RunFn:
+    def run(port: int, pid: int, quick: bool) -> dict[str, Any]:
+        if SMOKE:
+            return loadgen.idle_connections(port, pid, count=SMOKE_IDLE_CONNECTIONS, timeout=10.0, settle=0.1)
+        return loadgen.idle_connections(port, pid, count=count, timeout=(30.0 if quick else 60.0) * max(1, count // 5000))
+    return run
 
 PERSIST_METRICS = (
     Metric("batch_ms", "batch window ms (— in sync mode)", None, "{:.0f}"),
@@ -170,7 +186,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("latency-qos1", "latency at 2,000 msg/s, 1→1, QoS 1",
              _latency(1), LATENCY_METRICS, headline="p99_us", tags=("latency",)),
     Scenario("idle-5000", "5,000 idle connections (CONNECT, keep alive 0, 200 handshaking at once)",
-             _idle, IDLE_METRICS, headline="connects_per_s", tags=("connections",)),
+             _idle(5000), IDLE_METRICS, headline="connects_per_s", tags=("connections",)),
+    Scenario("idle-50000", "50,000 idle connections (as idle-5000; clients from 127.0.0.1-3, file limit raised)",
+             _idle(50000), IDLE_METRICS, headline="connects_per_s", tags=("connections",)),
     Scenario("persist-sync", "fan-in 10→1 QoS 1, persistent vs clean session, --durability sync",
              None, PERSIST_METRICS, headline="online_ratio", tags=("persistence",), own_brokers=_persist("sync")),
     Scenario("persist-batch", "fan-in 10→1 QoS 1, persistent vs clean session, --durability batch (window: run.py --durability-batch-ms, default 50 ms as meshd's)",
