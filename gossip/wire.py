@@ -73,7 +73,7 @@ def encode_part(msg: list[object]) -> bytes:
     return cbor2.dumps(msg)
 
 
-def _array_header(n: int) -> bytes:
+def array_header(n: int) -> bytes:
     if n < 24:
         return bytes((0x80 + n,))
     if n < 256:
@@ -98,7 +98,7 @@ class PacketEncoder:
         self.overhead = len(self.prefix) + self.HEADER_SLACK
 
     def packet(self, parts: list[bytes]) -> bytes:
-        return self.prefix + _array_header(len(parts)) + b"".join(parts)
+        return self.prefix + array_header(len(parts)) + b"".join(parts)
 
 
 def decode_packet(data: bytes) -> tuple[str, list[list[object]]]:

@@ -31,13 +31,14 @@ from gossip.trace import Tracer
 from gossip.wire import Envelope
 from oplog import Event, log_event
 from routing.forward import ForwardTarget
+from routing.batch import OutgoingMessage, Unpacked, unpack, unpack_fwd
 from routing.handoff_driver import ClaimGossip, Handoffs, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
 from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
 from routing.retained import RetainedIndex
 from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
-from routing.wire import ALSO_SENT_TO, ForwardedItem, PeerDigest, RouteBroadcast, forwarded_to_wire
+from routing.wire import PeerDigest, RouteBroadcast
 from session_store import records
 from session_store.model import Message
 
@@ -282,13 +283,8 @@ class Cluster:
             return items
         now = self.clock.wall()
         for item in items:
-            if item.qos:
-                try:
-                    forwarded = ForwardedItem.from_wire(item.data)
-                except (TypeError, ValueError):
-                    continue
-                if forwarded.plain:
-                    self._hold(member, forwarded.message, now, item.held_seq or None, forwarded.also)
+            if item.qos and item.plain:
+                self._hold(member, item.out.message, now, item.held_seq or None, item.out.also)
         return items
 
     def _replay_held(self, member: str) -> None:
@@ -299,8 +295,7 @@ class Cluster:
         link = self._link(member)
         for seq, msg, also in held:
             # Ahead of anything new for it: the replay keeps each publisher's order.
-            item = ForwardedItem(msg, True, (), False, replay=True, also=also)
-            link.enqueue(LinkItem(item.to_wire(), msg.qos, None, seq))
+            link.enqueue(LinkItem(OutgoingMessage(msg, also), plain=True, replay=True, held_seq=seq))
         log_event(log, Event.HELD_REPLAYED, member=member, messages=len(held))
 
     def _forget_held(self, member: str) -> None:
@@ -448,17 +443,18 @@ class Cluster:
             return held
         if msg.origin == self.node_id and msg.msg_id > self.forwarded_upto:
             self.forwarded_upto = msg.msg_id
-        data = records.message_map(msg)
-        plain = [node for node, target in targets.items() if target.plain]
-        if msg.qos and len(plain) > 1:
+        sent_to: list[str] = []
+        if msg.qos and len(targets) > 1:
             # Each receiver learns who else got it: an old owner of a session that
             # moved to one of them need not relay it there (`Handoffs.relay_moved`).
-            data[ALSO_SENT_TO] = sorted(plain)
+            sent_to = sorted(node for node, target in targets.items() if target.plain)
+        out = OutgoingMessage(msg, sent_to if len(sent_to) > 1 else ())  # encoded once, for every link it goes to
+        if not msg.qos:
+            gate = None
         for node, target in targets.items():
-            wire = forwarded_to_wire(data, target.plain, target.groups, target.keep_retained, target.replay)
-            item = LinkItem(wire, msg.qos, gate if msg.qos else None)
-            if item.gate is not None:
-                item.gate.waiting += 1
+            item = LinkItem(out, target.plain, target.groups, target.keep_retained, target.replay, gate)
+            if gate is not None:
+                gate.waiting += 1
             if faults.DROP_FORWARD and msg.qos:
                 self._release([item])  # BUGGIFY: acknowledged, never sent
                 continue
@@ -532,37 +528,40 @@ class Cluster:
 
     # ------------------------------------------------------------- receiving
 
-    def _take_batch(self, peer: str, items: list[object]) -> None:
+    def _take_batch(self, peer: str, items: list[object], packed: bool) -> None:
         now = self.clock.wall()
         recent = self._recent.get(peer)
         if recent is None:
             recent = self._recent[peer] = {}
+        read: Callable[[object], Unpacked] = unpack if packed else unpack_fwd
+        handoffs = self.handoffs
+        publish_remote = self.broker.publish_remote
         for wire in items:
             try:
-                item = ForwardedItem.from_wire(wire)
+                msg, plain, groups, keep_retained, replay, also = read(wire)
             except (TypeError, ValueError):
                 self.malformed_items += 1
                 continue
-            msg = item.message
             if msg.qos:
                 # A held message replayed after a split may have arrived once already
                 # (its batch was taken here but the ack was cut off): take it once.
                 key = (msg.origin, msg.msg_id)
-                if item.replay and key in recent:
+                if replay and key in recent:
                     self.replay_duplicates += 1
                     continue
                 recent[key] = None
                 if len(recent) > RECENT_PER_PEER:
                     del recent[next(iter(recent))]
+                # Sessions taken over here whose giver got this message too: theirs to deliver.
+                skip = handoffs.giver_had(msg, peer, also)
+            else:
+                skip = None
             self.forwarded_in += 1
-            # Sessions taken over here whose giver got this message too: theirs to deliver.
-            skip = self.handoffs.giver_had(msg, peer, item.also) if msg.qos else None
-            self.broker.publish_remote(msg, now, plain=item.plain, groups=list(item.groups),
-                                       keep_retained=item.keep_retained, skip=skip)
-            if msg.qos and item.plain and self.handoffs.moved:
+            publish_remote(msg, now, plain=plain, groups=groups, keep_retained=keep_retained, skip=skip)
+            if msg.qos and plain and handoffs.moved:
                 # Its sender routed it here for sessions that have moved on since: they
                 # get it through a copy this batch's acknowledgement waits for.
-                self.handoffs.relay_moved(msg, now, peer, item.also)
+                handoffs.relay_moved(msg, now, peer, also)
 
     async def _forward_taken(self) -> None:
         """When a forwarded batch may be acknowledged to its origin (whose publishers'

@@ -6,7 +6,14 @@ One outbound link per peer, opened lazily and reused.  Each forwarded batch gets
 sequence number; the peer answers `fwd_ack` once the batch is delivered and durable
 there.  Unacknowledged batches are resent in order after a reconnect (at-least-once
 across the hop; the receiver drops batches it has already taken, so a reconnect alone
-does not duplicate).  The send queue is bounded: past `MAX_QUEUED` items, new QoS 0
+does not duplicate).  A batch goes as a `fwd` frame, or as the batched `fwdb` frame
+(`routing.batch`) once the peer has said it reads those: a link's hello names the
+capabilities of its sender (`caps`, ignored by older versions), and a receiver that
+sees them answers with its own (`link_caps`, which only a sender that announced
+capabilities is sent).  Between two such nodes the receiver also acknowledges
+cumulatively (one `fwd_ack` for every batch up to its `s`); the sender takes every
+`fwd_ack` so, which is what an older receiver's one ack per batch, in order, amounts
+to.  The send queue is bounded: past `MAX_QUEUED` items, new QoS 0
 items are dropped and counted, and QoS >= 1 items fail (their publishers are
 acknowledged as if the peer were down, and the drop is counted and logged).
 """
@@ -24,6 +31,9 @@ import trio
 
 from gossip import wire
 from gossip.service import read_frame
+from routing.batch import CAPABILITIES, FWDB, AckGate, LinkItem, fwdb_body
+
+__all__ = ["AckGate", "FramedStream", "InboundLinks", "LinkItem", "OutboundLink"]
 
 
 class LinkGossip(Protocol):
@@ -57,26 +67,6 @@ Fields = Mapping[str, object]
 Reply = tuple[str, Fields] | None
 
 
-class AckGate:
-    """Counts the remote nodes a publisher's PUBACK/PUBREC still waits for (each one
-    acknowledges a forwarded message, or is given up on as down)."""
-
-    __slots__ = ("waiting",)
-
-    def __init__(self) -> None:
-        self.waiting = 0
-
-
-class LinkItem:
-    __slots__ = ("data", "qos", "gate", "held_seq")
-
-    def __init__(self, data: list[object], qos: int, gate: AckGate | None, held_seq: int = 0) -> None:
-        self.data = data  # the item's wire list (`routing.wire.ForwardedItem`), encoded once
-        self.qos = qos
-        self.gate = gate
-        self.held_seq = held_seq  # a replayed held message: its record goes once acknowledged
-
-
 class _Marker:
     """A request that travels in the forward queue, behind everything queued before it:
     its reply proves the peer has taken those batches (a handoff fence)."""
@@ -97,7 +87,10 @@ class FramedStream:
         self._send_lock = trio.Lock()
 
     async def send(self, msg_type: str, **fields: object) -> None:
-        body = wire.encode_frame_body(msg_type, self.node_id, fields)
+        await self.send_body(wire.encode_frame_body(msg_type, self.node_id, fields))
+
+    async def send_body(self, body: bytes) -> None:
+        """One envelope encoded by the caller (`routing.batch.fwdb_body`)."""
         async with self._send_lock:
             await self.stream.send_all(self.gossip.seal_frame(body))
 
@@ -128,6 +121,7 @@ class OutboundLink:
         self.dropped = 0
         self.sent_batches = 0
         self.connected = False
+        self.batched = False  # the peer on this connection reads `fwdb` frames
         self.requests: deque[tuple[str, Fields, Callable[[Frame], None]]] = deque()
         self._pending_replies: deque[Callable[[Frame], None]] = deque()
 
@@ -202,14 +196,15 @@ class OutboundLink:
                 await self._back_off(backoff)
 
     async def _serve(self, link: FramedStream) -> None:
-        await link.send("link_hello", c=self.cluster_name, e=self.epoch)
+        self.batched = False  # until this connection's peer says otherwise
+        await link.send("link_hello", c=self.cluster_name, e=self.epoch, caps=list(CAPABILITIES))
         self.connected = True
         log.debug("link to %s up", self.peer)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_acks, link, nursery.cancel_scope)
             # Resend what the previous connection left unacknowledged, in order.
             for seq in sorted(self.unacked):
-                await link.send("fwd", e=self.epoch, s=seq, m=[i.data for i in self.unacked[seq]])
+                await self._send_batch(link, seq, self.unacked[seq])
             while True:
                 while self.requests:
                     msg_type, fields, on_reply = self.requests.popleft()
@@ -227,7 +222,7 @@ class OutboundLink:
                     if batch:
                         seq = next(self._seq)
                         self.unacked[seq] = batch
-                        await link.send("fwd", e=self.epoch, s=seq, m=[i.data for i in batch])
+                        await self._send_batch(link, seq, batch)
                         self.sent_batches += 1
                     if marker is not None:
                         self._pending_replies.append(marker.on_reply)
@@ -236,14 +231,31 @@ class OutboundLink:
                 if not self.queue and not self.requests:
                     await self._wake.wait()
 
+    async def _send_batch(self, link: FramedStream, seq: int, batch: list[LinkItem]) -> None:
+        if self.batched:
+            await link.send_body(fwdb_body(self.node_id, self.epoch, seq, batch))
+        else:
+            await link.send("fwd", e=self.epoch, s=seq, m=[i.fwd_item() for i in batch])
+
     async def _read_acks(self, link: FramedStream, scope: trio.CancelScope) -> None:
+        unacked = self.unacked
         while True:
             frame = await link.receive()
-            if frame["t"] == "fwd_ack":
+            kind = frame["t"]
+            if kind == "fwd_ack":
                 seq = frame.get("s")
-                batch = self.unacked.pop(seq, None) if isinstance(seq, int) else None
-                if batch:
-                    self.on_acked(batch)
+                if not isinstance(seq, int):
+                    continue
+                # Every batch up to `seq` (batches are numbered in the order they are
+                # queued, and `unacked` keeps that order across resends).
+                while unacked:
+                    first = next(iter(unacked))
+                    if first > seq:
+                        break
+                    self.on_acked(unacked.pop(first))
+            elif kind == "link_caps":
+                caps = frame.get("caps")
+                self.batched = isinstance(caps, list) and FWDB in caps
             elif self._pending_replies:
                 self._pending_replies.popleft()(frame)
 
@@ -252,13 +264,13 @@ class InboundLinks:
     """Accepts links from peers and hands their frames to `handle_batch`."""
 
     def __init__(self, cluster_name: str, gossip: LinkGossip, node_id: str,
-                 handle_batch: Callable[[str, list[object]], None],
+                 handle_batch: Callable[[str, list[object], bool], None],
                  batch_taken: Callable[[], Awaitable[None]],
                  handle_request: Callable[[str, Frame], Reply | Awaitable[Reply]]) -> None:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self.node_id = node_id
-        self.handle_batch = handle_batch
+        self.handle_batch = handle_batch  # (peer, items, packed: `fwdb` items, else `fwd` ones)
         self.batch_taken = batch_taken  # waits until a taken batch may be acknowledged
         self.handle_request = handle_request
         # Highest batch taken per (peer, peer epoch): resends after a reconnect are
@@ -272,13 +284,18 @@ class InboundLinks:
             log.warning("refused a mesh link from %s of cluster %r", peer, hello.get("c"))
             return
         link = FramedStream(stream, self.gossip, self.node_id)
+        caps = hello.get("caps")
+        # A peer that names its capabilities is told ours, and acknowledged cumulatively.
+        cumulative = isinstance(caps, list)
         try:
+            if cumulative:
+                await link.send("link_caps", caps=list(CAPABILITIES))
             async with trio.open_nursery() as nursery:
                 # Batches are taken as they come; each is acknowledged, in order, once
                 # `batch_taken` allows (in sync durability: what it wrote is synced here),
                 # so reading never waits for a sync.
                 acks_in, acks_out = trio.open_memory_channel[int](math.inf)
-                nursery.start_soon(self._acknowledge, link, acks_out)
+                nursery.start_soon(self._acknowledge, link, acks_out, cumulative)
                 try:
                     await self._read_frames(link, peer, acks_in)
                 finally:
@@ -289,8 +306,16 @@ class InboundLinks:
             self.malformed += 1
             log.warning("link from %s: dropping a malformed frame and the link: %s", peer, group.exceptions[0])
 
-    async def _acknowledge(self, link: FramedStream, acks: trio.MemoryReceiveChannel[int]) -> None:
+    async def _acknowledge(self, link: FramedStream, acks: trio.MemoryReceiveChannel[int], cumulative: bool) -> None:
         async for seq in acks:
+            if cumulative:
+                # Every batch taken so far (each was taken before its number was put
+                # here): one wait and one ack for all of them.
+                while True:
+                    try:
+                        seq = acks.receive_nowait()
+                    except trio.WouldBlock:
+                        break
             await self.batch_taken()
             await link.send("fwd_ack", s=seq)
 
@@ -298,8 +323,8 @@ class InboundLinks:
         while True:
             frame = await link.receive()
             kind = frame["t"]
-            if kind == "fwd":
-                self._take_batch(peer, frame)
+            if kind == "fwd" or kind == FWDB:
+                self._take_batch(peer, frame, kind == FWDB)
                 acks.send_nowait(frame["s"])
             elif kind == "ho_mark":
                 await link.send("ho_marked")
@@ -311,12 +336,12 @@ class InboundLinks:
                     msg_type, fields = reply
                     await link.send(msg_type, **fields)
 
-    def _take_batch(self, peer: str, frame: Frame) -> None:
+    def _take_batch(self, peer: str, frame: Frame, packed: bool) -> None:
         epoch, seq, items = frame["e"], frame["s"], frame["m"]
         if not isinstance(epoch, str) or not isinstance(seq, int) or not isinstance(items, list):
             raise ValueError("bad fwd frame")
         key = (peer, epoch)
         if seq > self.taken.get(key, 0):
-            self.handle_batch(peer, items)
+            self.handle_batch(peer, items, packed)
             self.taken[key] = seq
 

@@ -64,7 +64,7 @@ class MeshPort:
     def __init__(self, table: RouteTable, members: Members) -> None:
         self.table = table
         # Bound methods on purpose: the publish path calls them once per message.
-        self.plain_nodes: Callable[[str], set[str]] = table.match_nodes
+        self.plain_nodes: Callable[[str], frozenset[str]] = table.match_nodes
         self.retained_targets: Callable[[], list[str]] = members.alive_members
         self.forward: Forward = _no_forward
         self.session_ended: Callable[[str], None] = _no_session

@@ -31,6 +31,10 @@ import faults
 from routing.trie import TopicTrie
 
 MAX_PARKED = 10_000
+# Topics whose matching remote nodes are remembered until the plain routes change: a
+# publisher's topics repeat, so most publishes skip the trie walk (bounded: a stream
+# of ever new topics only refills it).
+MATCH_MEMO = 4096
 
 
 def split_shared(topic_filter: str) -> tuple[str | None, str]:
@@ -177,6 +181,7 @@ class RouteTable:
         # remote shared routes ($share/group/filter): real filter -> (group, node)
         self.shared_trie: TopicTrie[tuple[str, str]] = TopicTrie()
         self.wanted: set[str] = set()  # origins with a gap: need a snapshot
+        self._matched: dict[str, frozenset[str]] = {}  # topic -> remote nodes (see MATCH_MEMO)
         self.dropped_parked = 0
 
     @property
@@ -292,6 +297,8 @@ class RouteTable:
     def _trie_change(self, topic_filter: str, origin: str, present: bool) -> Change:
         group, real_filter = split_shared(topic_filter)
         if group is None:
+            if self._matched:
+                self._matched = {}
             if present:
                 self.trie.add(topic_filter, origin)
             else:
@@ -337,11 +344,15 @@ class RouteTable:
 
     # -------------------------------------------------------------- lookups
 
-    def match_nodes(self, topic: str) -> set[str]:
-        """Remote nodes with a route matching `topic` (a trie walk, not a scan)."""
-        nodes: set[str] = set()
-        for _, origins in self.trie.match_filters(topic):
-            nodes.update(origins)
+    def match_nodes(self, topic: str) -> frozenset[str]:
+        """Remote nodes with a route matching `topic` (a trie walk, not a scan; the
+        answer is remembered until the plain routes change)."""
+        nodes = self._matched.get(topic)
+        if nodes is None:
+            nodes = frozenset(self.trie.match(topic))
+            if len(self._matched) >= MATCH_MEMO:
+                self._matched = {}
+            self._matched[topic] = nodes
         return nodes
 
     def match_shared(self, topic: str) -> dict[tuple[str, str], set[str]]:

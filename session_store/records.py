@@ -74,6 +74,12 @@ def _properties_from_map(m: object) -> Properties:
     return Properties(**kwargs)
 
 
+# The v5 properties as a message record holds them (None when there are none); the
+# routing layer's batched forward frame carries them the same way.
+properties_to_map = _properties_to_map
+properties_from_map = _properties_from_map
+
+
 def _check(m: object) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise RecordError("record is not a map")

@@ -377,7 +377,10 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
     in-memory network: forwarded batches arrive in order and are acknowledged, stall
     behind a one-way cut and flow at the heal, and survive a reset (resent, not
     delivered twice)."""
+    from mqtt import EMPTY_PROPERTIES
+    from routing.batch import OutgoingMessage, unpack, unpack_fwd
     from routing.links import InboundLinks, LinkItem, OutboundLink
+    from session_store.model import Message
 
     net = MemoryNetwork(latency=0.01, jitter=0.2, seed=5)
     got: list[object] = []
@@ -389,7 +392,15 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
                                 trace=NullTraceWriter(), preset="lan", transport=net.transport(node), seed=i)
             for i, (node, seeds) in enumerate([("n1", []), ("n2", [("n1", 7946)])])
         }
-        inbound = InboundLinks("meshd", services["n1"], "n1", handle_batch=lambda peer, items: got.extend(items),
+        formats: list[bool] = []
+
+        def take(peer: str, items: list[object], packed: bool) -> None:
+            # Batched frames once the receiver's link_caps came back, `fwd` ones before.
+            formats.append(packed)
+            read = unpack if packed else unpack_fwd
+            got.extend(int(read(item)[0].payload) for item in items)
+
+        inbound = InboundLinks("meshd", services["n1"], "n1", handle_batch=take,
                                batch_taken=trio.lowlevel.checkpoint, handle_request=lambda peer, frame: None)
         services["n1"].register_stream_handler("link_hello", inbound.serve)
         for svc in services.values():
@@ -397,16 +408,17 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         await until(lambda: view(services["n2"]) == {"n1": "alive", "n2": "alive"}, 10)
 
         link = OutboundLink("n1", services["n2"], "n2", epoch="e1", cluster_name="meshd",
-                            on_acked=lambda batch: acked.extend(i.data[0] for i in batch))
+                            on_acked=lambda batch: acked.extend(int(i.message.payload) for i in batch))
         nursery.start_soon(link.run)
 
         def send(numbers: range) -> None:
             for n in numbers:
-                assert link.enqueue(LinkItem([n], qos=1, gate=None))
+                msg = Message("t", str(n).encode(), 1, False, EMPTY_PROPERTIES, msg_id=n + 1, origin="n2")
+                assert link.enqueue(LinkItem(OutgoingMessage(msg), plain=True))
 
         send(range(10))
         await until(lambda: len(acked) == 10, 5)
-        assert got == [[n] for n in range(10)]
+        assert got == list(range(10))
 
         net.cut("n2", "n1", one_way=True)
         send(range(10, 20))
@@ -414,7 +426,7 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         assert len(got) == 10 and len(acked) == 10  # held on the wire, not lost
         net.heal()
         await until(lambda: len(acked) == 20, 5)
-        assert got == [[n] for n in range(20)]
+        assert got == list(range(20))
 
         # a reset with batches unacknowledged: the link reconnects and resends them;
         # the receiver takes each batch once
@@ -423,8 +435,9 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         assert net.reset("n1", "n2") >= 1
         send(range(30, 40))
         await until(lambda: len(acked) == 40, 10)
-        assert got == [[n] for n in range(40)]
+        assert got == list(range(40))
         assert sorted(acked) == list(range(40))
+        assert True in formats and False in formats  # both, see `take`
         nursery.cancel_scope.cancel()
 
 

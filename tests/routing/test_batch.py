@@ -1,0 +1,68 @@
+"""The batched forward frame (`fwdb`): what a sender encodes is what a receiver reads,
+in one decode of the whole frame."""
+
+from __future__ import annotations
+
+import cbor2
+import pytest
+
+from gossip import wire
+from mqtt import EMPTY_PROPERTIES, Properties
+from routing.batch import FWDB, LinkItem, OutgoingMessage, fwdb_body, unpack, unpack_fwd
+from routing.wire import ForwardedItem
+from session_store import records
+from session_store.model import Message
+
+MSG = Message("s/1", b"hi", 1, False, EMPTY_PROPERTIES, None, "pub", 42, "A")
+PROPS = Properties(content_type="text/plain", user_properties=(("k", "v"),), message_expiry_interval=30)
+RICH = Message("s/2", b"\x00" * 300, 2, True, PROPS, 1_700_000_000.5, None, 7, None)
+
+
+def test_a_frame_of_items_reads_back_as_the_messages_and_their_targets() -> None:
+    items = [
+        LinkItem(OutgoingMessage(MSG), plain=True),
+        LinkItem(OutgoingMessage(RICH, ("B", "C")), plain=False, groups=[("g", "s/#"), ("h", "+/2")],
+                 keep_retained=True, replay=True),
+    ]
+    frame = wire.decode_frame_body(fwdb_body("A", "3.1", 9, items))
+    assert (frame["t"], frame["from"], frame["e"], frame["s"]) == (FWDB, "A", "3.1", 9)
+    first, second = (unpack(i) for i in frame["m"])
+    assert records.message_map(first[0]) == records.message_map(MSG)
+    assert first[1:] == (True, [], False, False, ())
+    assert records.message_map(second[0]) == records.message_map(RICH)
+    assert second[1:] == (False, [("g", "s/#"), ("h", "+/2")], True, True, ("B", "C"))
+
+
+@pytest.mark.parametrize("n", [0, 1, 23, 24, 255, 256])
+def test_frames_of_every_size_decode(n: int) -> None:
+    items = [LinkItem(OutgoingMessage(Message("t", str(i).encode(), 0, False, EMPTY_PROPERTIES)), plain=True)
+             for i in range(n)]
+    frame = wire.decode_frame_body(fwdb_body("A", "1.1", 1, items))
+    assert [int(unpack(i)[0].payload) for i in frame["m"]] == list(range(n))
+
+
+def test_the_same_item_in_the_older_frame_is_what_earlier_versions_read() -> None:
+    out = OutgoingMessage(MSG, ("B", "C"))
+    data = cbor2.loads(cbor2.dumps(LinkItem(out, plain=True).fwd_item()))
+    item = ForwardedItem.from_wire(data)
+    assert records.message_map(item.message) == records.message_map(MSG) and item.also == ("B", "C")
+    assert unpack_fwd(data)[1:] == (True, [], False, False, ("B", "C"))
+
+
+def test_a_message_to_several_links_builds_its_older_map_once() -> None:
+    out = OutgoingMessage(MSG)
+    a, b = LinkItem(out, plain=True), LinkItem(out, plain=False, groups=[("g", "s/#")])
+    assert a.fwd_item()[0] is b.fwd_item()[0]
+
+
+@pytest.mark.parametrize("bad", [
+    [], "x", ["s/1", b"hi", 1, False, None, None, 42, None, None, None, 1],  # 11 elements
+    ["s/1", "not bytes", 1, False, None, None, 42, None, None, None, 1, None],
+    ["s/1", b"hi", 3, False, None, None, 42, None, None, None, 1, None],
+    ["s/1", b"hi", 1, False, "soon", None, 42, None, None, None, 1, None],
+    ["s/1", b"hi", 1, False, None, None, 42, None, {"nonsense": 1}, None, 1, None],
+    ["s/1", b"hi", 1, False, None, None, 42, None, None, None, 1, [["g"]]],
+])
+def test_malformed_items_raise_value_errors(bad: object) -> None:
+    with pytest.raises(ValueError):
+        unpack(bad)
