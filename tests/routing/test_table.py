@@ -157,3 +157,22 @@ def test_shared_routes_match_by_group():
     assert r.match_shared("jobs/1") == {("g", "jobs/+"): {"A", "B"}, ("h", "jobs/#"): {"B"}}
     r.drop_origin("B")
     assert r.match_shared("jobs/1") == {("g", "jobs/+"): {"A"}}
+
+
+def test_a_remembered_match_is_forgotten_when_the_plain_routes_change():
+    r = RouteTable("R", 1)
+    a, b = RouteTable("A", 1), RouteTable("B", 1)
+    assert r.match_nodes("m/1") == set()  # remembered as no node
+    r.apply_delta(a.add_local("m/+"))
+    assert r.match_nodes("m/1") == {"A"}
+    r.apply_delta(b.add_local("m/#"))
+    r.apply_delta(b.add_local("$share/g/m/1"))  # a shared route: not a plain one
+    assert r.match_nodes("m/1") == {"A", "B"}
+    r.apply_delta(a.remove_local("m/+"))
+    assert r.match_nodes("m/1") == {"B"}
+    r.drop_origin("B")
+    assert r.match_nodes("m/1") == set()
+    for i in range(5000):  # more topics than it remembers: it starts over, answers stay right
+        assert r.match_nodes(f"n/{i}") == set()
+    r.apply_delta(a.add_local("n/#"))
+    assert r.match_nodes("n/4999") == {"A"} and r.match_nodes("m/1") == set()
