@@ -147,6 +147,7 @@ def _nothing() -> None:
 
 
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
+MATCH_CACHE_TOPICS = 4096  # topics whose local matches are remembered (Broker._match)
 # A session that expired while its node was down lives this much longer after the
 # restart, in a cluster: its client may have resumed it on another node meanwhile,
 # which the node learns from the ownership claims, and then the copy is merged there.
@@ -191,6 +192,11 @@ class Broker:
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, ClientPort] = {}
         self.subscriptions: TopicTrie[str] = TopicTrie()
+        # What `subscriptions` matches per topic, remembered until a filter comes or goes
+        # (its subscribers may change meanwhile: the sets are the trie's own). Clients
+        # publish to the same topics again and again: one dict lookup per message
+        # instead of a trie walk. Bounded: emptied when full.
+        self._matches: dict[str, list[tuple[str, set[str]]]] = {}
         # filter -> group names with members on that filter; (group, filter) -> client ids
         self.shared: TopicTrie[str] = TopicTrie()
         self.shared_members: dict[tuple[str, str], list[str]] = {}
@@ -446,6 +452,7 @@ class Broker:
         group, real_filter = parse_shared_subscription(topic_filter)
         if group is None:
             if self.subscriptions.remove(real_filter, session.client_id) and not self.subscriptions.has_filter(real_filter):
+                self._matches.clear()
                 self._route_changed(real_filter, False)
             return
         key = (group, real_filter)
@@ -464,6 +471,7 @@ class Broker:
         if group is None:
             first = not self.subscriptions.has_filter(real_filter)
             if self.subscriptions.add(real_filter, client_id) and first:
+                self._matches.clear()
                 self._route_changed(real_filter, True)
             return
         members = self.shared_members.setdefault((group, real_filter), [])
@@ -491,17 +499,30 @@ class Broker:
 
     def has_subscribers(self, topic: str) -> bool:
         """Whether a message on `topic` published now would reach a session here."""
+        # Not through `_match`: asked once per topic ($SYS client events), it would fill the cache.
         return bool(self.subscriptions.match_filters(topic)) or bool(len(self.shared) and self.shared.match_filters(topic))
 
+    def _match(self, topic: str) -> list[tuple[str, set[str]]]:
+        """Each local filter matching `topic` with its subscribers (never mutate them)."""
+        found = self._matches.get(topic)
+        if found is None:
+            found = self.subscriptions.match_filters(topic)
+            matches = self._matches
+            if len(matches) >= MATCH_CACHE_TOPICS:
+                matches.clear()
+            matches[topic] = found
+        return found
+
     def publish(self, msg: Message, now: float, *, internal: bool = False, gate: AckGate | None = None,
-                replay: bool = False) -> int:
+                replay: bool = False, here: bool = False) -> int:
         """Route a message published by a local client (or the node itself) to every
         matching session here and once to every other node with a matching route;
         return how many sessions here got it. `internal` messages ($SYS) are not
         counted, not stored and not forwarded. `gate` collects what the publisher's
         acknowledgement must wait for (remote nodes' acks). `replay`: the message may
         have gone out once already (a delayed one fired again after a restart): the
-        nodes it is forwarded to drop a copy they took."""
+        nodes it is forwarded to drop a copy they took. `here`: the caller found that
+        the mesh wants none of it (`Mesh.stays_here`, asked once per message)."""
         if not internal:
             self.stats.messages_in[msg.qos] += 1
             if self.streams is not None:
@@ -509,7 +530,7 @@ class Broker:
         if msg.retain:
             self._set_retained(msg, persist=not internal)
         mesh = self.mesh
-        if mesh is None or internal or mesh.stays_here(msg.retain):
+        if mesh is None or internal or here or mesh.stays_here(msg.retain):
             return self._route(msg, now, plain=True, only_groups=None, remote=None)
         remote = {node: ForwardTarget(True, [], False) for node in mesh.plain_nodes(msg.topic)}
         if msg.retain:
@@ -557,8 +578,10 @@ class Broker:
         """Deliver to sessions here: plain subscribers (if `plain`) and one member per
         shared group this node serves (see `_shared_keys`)."""
         topic = msg.topic
-        matches = self.subscriptions.match_filters(topic) if plain else ()
-        shared_keys = self._shared_keys(topic, only_groups, remote)
+        matches = self._match(topic) if plain else ()
+        # No shared group here, none named, none elsewhere to weigh: no keys (the common case).
+        shared_keys = self._shared_keys(topic, only_groups, remote) \
+            if only_groups is not None or remote is not None or len(self.shared) else ()
         if not matches and not shared_keys:
             return 0
         sessions = self.sessions

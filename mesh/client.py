@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from clock import Clock
-from delayed.topic import DelayedTopic, DelayedTopicRefused, is_delayed, parse_delayed
+from delayed.topic import PREFIX as DELAYED_PREFIX, DelayedTopic, DelayedTopicRefused, parse_delayed
 from hooks import HookPoint
 from hooks.registry import PendingPublish
 from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
@@ -355,7 +355,8 @@ class Client:
             return  # a replay of its stream holds it until the stored part is delivered
         session = self.session
         assert session is not None
-        if delivery.message.expired(now):
+        expires_at = delivery.message.expires_at
+        if expires_at is not None and now >= expires_at:  # Message.expired, inline: asked per delivery
             self.broker.stats.dropped_expired += 1
             self.broker.dropped(delivery.message, "expired")
             return
@@ -484,7 +485,7 @@ class Client:
         qos = p.qos
         pid = p.packet_id or 0
         delayed = broker.delayed
-        if delayed is not None and is_delayed(p.topic):
+        if delayed is not None and p.topic.startswith(DELAYED_PREFIX):
             self._on_delayed_publish(p, delayed, now)
             return False
         if p.topic.startswith(_RESERVED_TOPIC_PREFIXES):
@@ -538,8 +539,9 @@ class Client:
         epoch_before = store.write_epoch
         # In a cluster the ack also waits for the nodes the message was forwarded to.
         mesh = broker.mesh
-        gate = AckGate() if qos and mesh is not None and msg is not None and not mesh.stays_here(msg.retain) else None
-        matched = broker.publish(msg, now, gate=gate) if msg is not None else 0
+        here = mesh is None or msg is None or mesh.stays_here(msg.retain)
+        gate = AckGate() if qos and not here else None
+        matched = broker.publish(msg, now, gate=gate, here=here) if msg is not None else 0
         if not matched and broker.hooks.message_dropped:
             broker.dropped(msg if msg is not None else broker.make_message(p.topic, p.payload, qos, p.retain, p.properties,
                                                                           self.client_id, now),
@@ -639,6 +641,8 @@ class Client:
             return ReasonCode.TOPIC_NAME_INVALID
         if security.refuse_during_netsplit("publish"):
             return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        if not self.broker.hooks.client_authorize:
+            return None  # no ACL, no plugin: allowed (and the ACL is refreshed when one asks)
         self._refresh_acl()
         if not self.may("publish", topic):
             security.denied("publish")

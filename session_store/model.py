@@ -180,11 +180,12 @@ class Session:
         if limit <= 0:
             self.dropped += 1
             return delivery
-        if len(self.queue) < limit:
-            if faults.REORDER_QUEUE and self.queue:
-                self.queue.insert(len(self.queue) - 1, delivery)  # BUGGIFY: ahead of the one before
+        queue = self.queue  # once: a property (per message while a window is full)
+        if len(queue) < limit:
+            if faults.REORDER_QUEUE and queue:
+                queue.insert(len(queue) - 1, delivery)  # BUGGIFY: ahead of the one before
                 return None
-            self.queue.append(delivery)
+            queue.append(delivery)
             return None
         # Full: QoS 0 goes first.
         if delivery.qos == 0:
