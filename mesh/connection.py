@@ -8,6 +8,8 @@ which gives its task up while idle.
 `write` appends to the outbox; the first write into an empty outbox starts a writer
 task (in the node's connection nursery) that flushes the whole outbox in one `send_all`
 per round, coalescing writes per scheduler tick, and ends once the outbox is empty.
+Plain TCP clients in a node ask the node's `mesh.flusher.Flusher` instead, which sends
+for all of them from one task (a writer task only for a socket that does not keep up).
 
 The read side's one deadline is the machine's (the CONNECT timeout, then keep alive
 from the last bytes received). When the reader's cancel scope fires, the reader asks
@@ -75,8 +77,21 @@ class ClientConnection(Client):
         self._outbox_bytes += len(data)
         if not self._writing:
             self._writing = True
-            assert self._nursery is not None
-            self._nursery.start_soon(self._writer)
+            self._start_writing()
+
+    def _start_writing(self) -> None:
+        """The outbox got its first bytes: have them sent (a writer task here; plain TCP
+        in a node asks the node's flusher, `mesh.parked`)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._writer)
+
+    def _done_writing(self) -> None:
+        """The outbox was sent: the next write starts another round, unless a close
+        waits to send what is left (it owns the outbox from now on)."""
+        if self._writer_done is None:
+            self._writing = False
+        else:
+            self._writer_done.set()
 
     def _take_outbox(self) -> bytes:
         """Everything written and not yet sent, as one buffer; the outbox is empty after."""
@@ -105,10 +120,7 @@ class ClientConnection(Client):
             self._take_outbox()  # lost with the connection
             self.close()
         finally:
-            if self._writer_done is None:
-                self._writing = False
-            else:
-                self._writer_done.set()  # closing: the final flush owns the outbox now
+            self._done_writing()
 
     async def _final_flush(self) -> None:
         """Wait for a running writer, then send what is left (e.g. a DISCONNECT)."""

@@ -38,6 +38,7 @@ from mesh.broker import Broker
 from mesh.config import ConfigError, HostPort, Settings
 from mesh.connection import ClientConnection
 from mesh.doorbell import Doorbell
+from mesh.flusher import Flusher
 from mesh.http_api import Router, serve_http
 from mesh.parked import ParkedConnection
 from mesh.parking import ParkingLot
@@ -159,9 +160,11 @@ class Node:
         remove_ready_file(s.ready_file)
         async with trio.open_nursery() as connections:
             self._connections = connections
-            lot = self._lot = ParkingLot(self.clock)
+            flusher = Flusher()
+            lot = self._lot = ParkingLot(self.clock, flusher)
             async with trio.open_nursery() as services:
                 services.start_soon(lot.run)
+                services.start_soon(flusher.run)
                 self.ports["gossip"] = await self._start_gossip(services, s.gossip)
                 await services.start(self.cluster.run)
                 services.start_soon(self.partitions.run)

@@ -46,6 +46,35 @@ class ParkedConnection(ClientConnection):
         self._heap_at = math.inf  # owned by the lot
         self._lot_registered = False  # owned by the lot
 
+    def _start_writing(self) -> None:
+        flusher = self._lot.flusher
+        if flusher is None or not flusher.request(self):
+            super()._start_writing()
+
+    def flush_queued(self) -> None:
+        """The flusher's turn (`mesh.flusher`): send the outbox with one non-blocking
+        write; what the socket does not take now goes to a writer task, which waits."""
+        if self._writer_done is not None and not self._writing:
+            return  # the final flush took over (it sends what is left itself)
+        data = self._take_outbox()
+        if data:
+            assert isinstance(self.stream, SocketByteStream)
+            try:
+                sent = self.stream.send_nowait(data)
+            except LOST as exc:
+                log.debug("%s: send failed: %s", self.peer, exc)
+                self._done_writing()
+                self.close()
+                return
+            self.broker.stats.bytes_out += sent
+            if sent < len(data):
+                self._outbox = [data[sent:]]  # nothing was written meanwhile: the rest goes first
+                self._outbox_bytes = len(data) - sent
+                assert self._nursery is not None
+                self._nursery.start_soon(self._writer)  # it ends the round
+                return
+        self._done_writing()
+
     def _stop(self) -> None:
         if self._lot.unpark(self):
             self._start()  # a task to say goodbye and close the socket

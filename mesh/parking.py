@@ -26,6 +26,7 @@ from typing import Protocol
 import trio
 
 from clock import Clock
+from mesh.flusher import Flusher
 
 _ARM = select.EPOLLIN | select.EPOLLONESHOT
 _MAX_EVENTS = 512
@@ -47,8 +48,11 @@ class Parkable(Protocol):
 class ParkingLot:
     """Parked connections by file descriptor, and one heap of their deadlines."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, flusher: Flusher | None = None) -> None:
         self._clock = clock  # on Trio's timeline: its deadlines become cancel scopes
+        # Where the node's plain-TCP connections (the ones that park here) send from
+        # (`mesh.flusher`; None: each starts writer tasks of its own).
+        self.flusher = flusher
         self._epoll = select.epoll()
         self._parked: dict[int, Parkable] = {}
         # (deadline, tie-break, conn); at most one live entry per conn: the one whose
