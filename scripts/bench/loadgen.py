@@ -444,9 +444,13 @@ class _Handshake:
         self.received = bytearray()
 
 
-# Connections per local address: one address has ~28,000 ephemeral ports (Linux's
-# default range), so beyond that the clients bind to 127.0.0.2, 127.0.0.3, ...
+# Beyond this many clients they come from 127.0.0.2, 127.0.0.3, ... (PER_SOURCE_ADDRESS
+# each; one address has ~28,000 ephemeral ports), with IP_BIND_ADDRESS_NO_PORT: the port
+# is picked at connect, unique per address pair only, so a large run does not take the
+# ports that everything else on the machine connects and listens from.
+OWN_SOURCES_ABOVE = 5_000
 PER_SOURCE_ADDRESS = 20_000
+_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 
 
 def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurrency: int = 200,
@@ -470,8 +474,9 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
             while in_flight < concurrency and started < count:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 s.setblocking(False)
-                if count > PER_SOURCE_ADDRESS:
-                    s.bind((f"127.0.0.{1 + started // PER_SOURCE_ADDRESS}", 0))
+                if count > OWN_SOURCES_ABOVE:
+                    s.setsockopt(socket.IPPROTO_IP, _BIND_ADDRESS_NO_PORT, 1)
+                    s.bind((f"127.0.0.{2 + started // PER_SOURCE_ADDRESS}", 0))
                 rc = s.connect_ex(("127.0.0.1", port))
                 if rc not in (0, errno.EINPROGRESS):
                     s.close()
