@@ -96,20 +96,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from .job import parse_formats, run_report
             from .load import resolve_inputs
-            from .session import build_session
+            from .session import build_session, finish_session
         except ImportError as exc:
             raise SparkMissingError(f"{INSTALL_HINT} ({exc})") from exc
         formats = parse_formats(args.format)
         inputs = resolve_inputs(args.paths)  # a wrong path fails here, before a JVM starts
         conf = _spark_conf(args.conf, args.master, inputs.local_bytes())
-        spark = build_session(args.master, conf=conf)
-        result = run_report(
-            spark,
-            args.paths,
-            args.out,
-            formats=formats,
-            crash_grace_us=int(args.crash_grace * 1e6),
-        )
+        spark = build_session(args.master, conf=conf, use_class_archive=True)
+        try:
+            result = run_report(
+                spark,
+                args.paths,
+                args.out,
+                formats=formats,
+                crash_grace_us=int(args.crash_grace * 1e6),
+            )
+        finally:
+            finish_session(spark)
     except ReportError as exc:
         print(f"meshd report: error: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from . import dissemination, failures, handoffs, lifetimes, partitions, summary, truth_check
 from .errors import ReportError
+from .keep import keep
 from .load import load_traces
 from .render import PlotData, Timeline, render_report
 from .stats import APPROX_ACCURACY, EXACT_LIMIT, Method, choose_method
@@ -138,12 +139,12 @@ def _run(
         return Method(exact=True, largest_group=rows) if method.largest_group < 0 else method
 
     def basics() -> tuple[DataFrame, DataFrame, DataFrame, dict[str, Any]]:
-        life = lifetimes.node_lifetimes(traces, crash_grace_us).cache()
-        heads = dissemination.alive_counts(traces, life).cache()
-        obs = dissemination.observations(traces, life, heads).cache()
+        life = keep(lifetimes.node_lifetimes(traces, crash_grace_us), loaded.rows)
+        heads = keep(dissemination.alive_counts(traces, life), loaded.rows)
+        obs = keep(dissemination.observations(traces, life, heads), loaded.rows)
         facts = {
             "nodes": life.select("node").distinct().count(),
-            "observations": obs.count(),  # materializes the cache inside this stage
+            "observations": obs.count(),  # a large input's cache is filled inside this stage
             "time_span_s": (loaded.end_ts_us - loaded.start_ts_us) / 1e6,
             "start_ts_us": loaded.start_ts_us,
             "sim": loaded.sim,
@@ -153,8 +154,8 @@ def _run(
     life, obs, heads, facts = stages.run("node lifetimes and observations", basics)
 
     def dissem() -> tuple[DataFrame, DataFrame, dict[str, Any], Method]:
-        arrays = dissemination.delay_arrays(obs, heads).cache()
-        events = dissemination.event_table(arrays).cache()
+        arrays = keep(dissemination.delay_arrays(obs, heads), loaded.rows)
+        events = keep(dissemination.event_table(arrays), loaded.rows)
         ev_method = provisional(events)
         dsum = summary.dissemination_summary(events, obs, ev_method)
         return arrays, events, dsum, settled(ev_method, dsum["events"])
@@ -162,7 +163,7 @@ def _run(
     arrays, events, dissem_summary, ev_method = stages.run("dissemination", dissem)
 
     def parts() -> tuple[DataFrame, dict[str, Any]]:
-        episodes = partitions.partition_episodes(traces).cache()
+        episodes = keep(partitions.partition_episodes(traces), loaded.rows)
         part_method = provisional(episodes)
         part = summary.partition_summary(episodes, part_method)
         return episodes, part
@@ -171,8 +172,8 @@ def _run(
 
     def detect() -> tuple[DataFrame, DataFrame, DataFrame, dict[str, Any], dict[str, Any], dict[str, Any]]:
         crashed = lifetimes.crashes(life)
-        det = failures.detection(traces, life, crashed).cache()
-        classified = failures.declarations(traces, life, episodes).cache()
+        det = keep(failures.detection(traces, life, crashed), loaded.rows)
+        classified = keep(failures.declarations(traces, life, episodes), loaded.rows)
         fp = failures.false_positives(classified)
         method = provisional(det)
         decl = summary.declaration_summary(classified)
@@ -184,13 +185,13 @@ def _run(
 
     def lag_stage() -> tuple[DataFrame, list, Method]:
         lag_method = choose_method(obs, ["node"], limit=exact_limit)
-        lag = dissemination.per_node_lag(obs, lag_method).cache()
+        lag = keep(dissemination.per_node_lag(obs, lag_method), loaded.rows)
         return lag, summary.lag_summary(lag), lag_method
 
     lag, lag_top, lag_method = stages.run("per-node lag", lag_stage)
 
     def sessions() -> tuple[DataFrame, dict[str, Any]]:
-        moves = handoffs.handoffs(traces).cache()
+        moves = keep(handoffs.handoffs(traces), loaded.rows)
         return moves, summary.handoff_summary(moves)
 
     moves, handoff_summary = stages.run("session handoffs", sessions)

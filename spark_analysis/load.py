@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from .errors import NoTracesError, SchemaMismatchError
+from .keep import keep, small
 from .schema import CORRUPT_COLUMN, REQUIRED_FIELDS, TRACE_SCHEMA
 from .stats import one_row
 
@@ -51,7 +52,7 @@ class Inputs:
 
 @dataclass
 class Loaded:
-    traces: DataFrame  # TRACE_SCHEMA columns, valid rows only, cached
+    traces: DataFrame  # TRACE_SCHEMA columns, valid rows only (cached JSON, or checkpointed when small)
     rows: int
     bad_lines: int
     files: int
@@ -234,6 +235,11 @@ def load_traces(
         raise NoTracesError(
             f"{', '.join(paths)}: no valid trace lines ({bad_lines} bad line(s) skipped)"
         )
+    rows = total - bad_lines
     traces = flagged.filter(~F.col("_bad")).select(*TRACE_SCHEMA.fieldNames())
-    return Loaded(traces=traces, rows=total - bad_lines, bad_lines=bad_lines, files=inputs.count,
+    if small(rows):
+        # Small input: every metric plans from a leaf holding the valid rows (keep.py).
+        traces = keep(traces, rows)
+        flagged.unpersist()
+    return Loaded(traces=traces, rows=rows, bad_lines=bad_lines, files=inputs.count,
                   start_ts_us=int(counts["start"]), end_ts_us=int(counts["end"]), sim=bool(counts["sim"]))

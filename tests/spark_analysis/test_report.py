@@ -97,3 +97,13 @@ def test_progress_line_per_stage(report):
     stages = [line for line in lines if line.startswith("meshd report: [")]
     assert len(stages) == 9 and stages[-1].startswith("meshd report: [9/9] 100% ")
     assert stages[0].startswith("meshd report: [1/9]  11% load traces")
+
+
+def test_large_input_path_gives_the_same_report(spark, scenario_dir, report, tmp_path, monkeypatch):
+    # Small input keeps frames by local checkpoint, large input caches them
+    # (spark_analysis/keep.py): the numbers must not depend on which.
+    from spark_analysis import keep
+
+    monkeypatch.setattr(keep, "CHECKPOINT_ROWS", 0)
+    cached = run_report(spark, [str(scenario_dir)], tmp_path, formats=("json",), progress=lambda _: None)
+    assert cached.summary == report[0].summary
