@@ -81,18 +81,21 @@ def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
 
 class Client:
     __slots__ = (
-        "broker", "clock", "machine", "security", "peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
+        "broker", "clock", "machine", "security", "_peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
         "session", "acl", "acl_generation", "closing", "pending_connect", "pending_publish", "_publish_bucket", "_rate_delay",
         "_pending_acks", "_holds_slot", "close_reason", "_hook_info", "replays",
     )
 
-    def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str, transport: str, *,
+    def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str | int, transport: str, *,
                  security: "Security | None", peer_ip: str, cert_cn: str | None) -> None:
+        """`peer`: the client's address for logs and hooks, or just its port: then the
+        address is `peer_ip:port`, formatted when asked (a plain TCP client, idle most
+        of its life, keeps no string of it)."""
         self.broker = broker
         self.clock = clock
         self.machine = ServerConnection(settings, clock.now())
         self.security = security
-        self.peer = peer
+        self._peer = peer
         self.peer_ip = peer_ip
         self.cert_cn = cert_cn
         self.transport = transport
@@ -128,6 +131,11 @@ class Client:
 
     def _stop(self) -> None:
         raise NotImplementedError  # the I/O shell ends its reader
+
+    @property
+    def peer(self) -> str:
+        peer = self._peer
+        return peer if type(peer) is str else f"{self.peer_ip}:{peer}"
 
     @property
     def protocol_level(self) -> int:

@@ -50,7 +50,7 @@ class ClientConnection(Client):
     # for nothing). A parked connection's scope fires anyway once a second (mesh.parked).
     scope_follows_reads = True
 
-    def __init__(self, broker: "Broker", stream: ByteStream, peer: str, transport: str = "tcp", *, clock: Clock,
+    def __init__(self, broker: "Broker", stream: ByteStream, peer: str | int, transport: str = "tcp", *, clock: Clock,
                  connect_timeout: float = 10.0, security: "Security | None" = None, peer_ip: str = "",
                  cert_cn: str | None = None, nursery: trio.Nursery | None = None) -> None:
         super().__init__(broker, clock, server_settings(broker, connect_timeout), peer, transport,

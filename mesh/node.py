@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import socket
+import sys
 from typing import Any, Awaitable, Callable, Protocol, Sequence, TypeVar, cast
 
 import outcome
@@ -274,8 +275,10 @@ class Node:
                             if not nodelay_inherited:
                                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                             sock.detach()
-                        host = str(addr[0]) if isinstance(addr, tuple) else ""
-                        peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) else "?"
+                        # Interned: clients behind one address (a NAT, a load balancer)
+                        # share one string instead of holding a copy each (~60 bytes).
+                        host = sys.intern(str(addr[0])) if isinstance(addr, tuple) else ""
+                        peer: str | int = int(addr[1]) if isinstance(addr, tuple) else "?"  # a port: host:port when asked
                         conn = ParkedConnection(broker, SocketByteStream(fd), peer, clock=self.clock, lot=lot,
                                                 nursery=connections, connect_timeout=timeout, security=security,
                                                 peer_ip=host)

@@ -37,7 +37,7 @@ class ParkedConnection(ClientConnection):
     __slots__ = ("_lot", "_heap_at", "_lot_registered")
     scope_follows_reads = False  # the scope fires once a second anyway (PARK_AFTER)
 
-    def __init__(self, broker: "Broker", stream: SocketByteStream, peer: str, *, clock: Clock, lot: ParkingLot,
+    def __init__(self, broker: "Broker", stream: SocketByteStream, peer: str | int, *, clock: Clock, lot: ParkingLot,
                  nursery: trio.Nursery, connect_timeout: float = 10.0, security: "Security | None" = None,
                  peer_ip: str = "") -> None:
         super().__init__(broker, stream, peer, "tcp", clock=clock, connect_timeout=connect_timeout,

@@ -54,7 +54,11 @@ class ParkingLot:
         # (`mesh.flusher`; None: each starts writer tasks of its own).
         self.flusher = flusher
         self._epoll = select.epoll()
-        self._parked: dict[int, Parkable] = {}
+        # Parked connections by descriptor: a list indexed by fd (descriptors are small,
+        # dense numbers), 8 bytes a slot where a dict entry costs ~40 (~0.03 KB less per
+        # idle client).
+        self._parked: list[Parkable | None] = []
+        self._count = 0
         # (deadline, tie-break, conn); at most one live entry per conn: the one whose
         # deadline equals conn._heap_at (later deadlines are re-pushed when popped).
         self._heap: list[tuple[float, int, Parkable]] = []
@@ -63,10 +67,29 @@ class ParkingLot:
         self.stopped = False
 
     def __len__(self) -> int:
-        return len(self._parked)
+        return self._count
+
+    def _get(self, fd: int) -> Parkable | None:
+        parked = self._parked
+        return parked[fd] if 0 <= fd < len(parked) else None
+
+    def _take(self, fd: int) -> Parkable | None:
+        """The connection parked under `fd`, no longer parked; None if none was."""
+        parked = self._parked
+        if not 0 <= fd < len(parked):
+            return None
+        conn = parked[fd]
+        if conn is not None:
+            parked[fd] = None
+            self._count -= 1
+        return conn
+
+    def parked(self) -> list[Parkable]:
+        """Every connection parked now."""
+        return [conn for conn in self._parked if conn is not None]
 
     def is_parked(self, conn: Parkable) -> bool:
-        return self._parked.get(conn.fileno()) is conn
+        return self._get(conn.fileno()) is conn
 
     def park(self, conn: Parkable) -> bool:
         """Park `conn` until its socket is readable or its deadline passes; False when
@@ -76,7 +99,12 @@ class ParkingLot:
         fd = conn.fileno()
         if fd < 0:
             return False
-        self._parked[fd] = conn
+        parked = self._parked
+        if fd >= len(parked):
+            parked.extend([None] * (fd + 1 - len(parked)))
+        if parked[fd] is None:
+            self._count += 1
+        parked[fd] = conn
         if conn._lot_registered:
             # Parked before: the one-shot registration is still there, disarmed. (It
             # goes when the socket closes; a conn never outlives its socket.)
@@ -97,16 +125,16 @@ class ParkingLot:
         """Take `conn` out (e.g. to close it); False when it was not parked. Its one-shot
         registration may still fire once: an event for an fd not parked is ignored."""
         fd = conn.fileno()
-        if self._parked.get(fd) is conn:
-            del self._parked[fd]
+        if self._get(fd) is conn:
+            self._take(fd)
             return True
         return False
 
     async def run(self) -> None:
         """Wait for parked sockets and deadlines; hand each over when it is due."""
         epoll = self._epoll
-        parked = self._parked
         heap = self._heap
+        take = self._take
         while True:
             with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
                 self._wait_scope = scope
@@ -118,7 +146,7 @@ class ParkingLot:
             while True:
                 events = epoll.poll(0, _MAX_EVENTS)
                 for fd, _mask in events:
-                    conn = parked.pop(fd, None)
+                    conn = take(fd)
                     if conn is not None:
                         conn.on_readable()
                 if len(events) < _MAX_EVENTS:
@@ -127,17 +155,16 @@ class ParkingLot:
 
     def _expire(self, now: float) -> None:
         heap = self._heap
-        parked = self._parked
         while heap and heap[0][0] <= now:
             at, _, conn = heapq.heappop(heap)
             if conn._heap_at != at:
                 continue  # superseded by an earlier entry for the same conn
             conn._heap_at = math.inf
             fd = conn.fileno()
-            if parked.get(fd) is not conn:
+            if self._get(fd) is not conn:
                 continue  # active (its task keeps the deadline) or gone
             if conn.deadline <= now:
-                del parked[fd]
+                self._take(fd)
                 conn.on_deadline()
             elif conn.deadline < math.inf:
                 conn._heap_at = conn.deadline
@@ -146,8 +173,9 @@ class ParkingLot:
     def stop(self) -> list[Parkable]:
         """No more parking; return what was parked (the caller closes those)."""
         self.stopped = True
-        left = list(self._parked.values())
+        left = self.parked()
         self._parked.clear()
+        self._count = 0
         self._heap.clear()
         for conn in left:
             conn._heap_at = math.inf

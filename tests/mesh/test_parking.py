@@ -23,7 +23,7 @@ from tests.support import Client
 
 def _parked(node) -> set[str]:
     """Client ids of the connections parked in the node's lot (empty id: no CONNECT yet)."""
-    return node.call(lambda: {c.client_id for c in node.node._lot._parked.values()})
+    return node.call(lambda: {c.client_id for c in node.node._lot.parked()})
 
 
 def _wait_for(predicate, timeout: float = 5.0) -> None:
