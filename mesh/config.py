@@ -46,10 +46,12 @@ __all__ = [
 ENV_PREFIX = "MESHD_"
 CONFIG_ENV = "MESHD_CONFIG"
 # Variables with the prefix that are not settings: the config file's path, the
-# pure-Python switch read at import (mypyc-compiled cores), the test runner's worker
-# count (nodes under test inherit the runner's environment). Anything else with the
-# prefix must be a setting, so a typo is refused rather than ignored.
-NON_SETTING_ENV = frozenset({CONFIG_ENV, "MESHD_PURE_PYTHON", "MESHD_TEST_WORKERS"})
+# pure-Python switch read at import (mypyc-compiled cores), the report's JVM class
+# archive switch, the test runner's worker count (nodes under test inherit the
+# runner's environment). Anything else with the prefix must be a setting, so a typo is
+# refused rather than ignored.
+NON_SETTING_ENV = frozenset({CONFIG_ENV, "MESHD_PURE_PYTHON", "MESHD_REPORT_CLASS_ARCHIVE",
+                             "MESHD_TEST_WORKERS"})
 
 
 class ConfigError(Exception):

@@ -394,5 +394,5 @@ def test_describe_settings_masks_secret() -> None:
 def test_the_prefixed_variables_that_are_not_settings_are_accepted() -> None:
     # The test runner's worker count and the pure-Python switch reach every node started
     # under them; refusing them would stop those nodes at start.
-    env = {"MESHD_TEST_WORKERS": "2", "MESHD_PURE_PYTHON": "1"}
+    env = {"MESHD_TEST_WORKERS": "2", "MESHD_PURE_PYTHON": "1", "MESHD_REPORT_CLASS_ARCHIVE": "0"}
     assert load_settings({}, env=env) == Settings()
