@@ -16,7 +16,14 @@ PUBLISH once and give each subscriber `patch_publish(data, packet_id=..., dup=..
 
 `mqtt.server.ServerConnection` is the server side of one connection on top of the
 codec (bytes and `now` in, events out, send methods that return bytes).
+
+The hot modules may be compiled with mypyc (`native`: first, so that the compiled ones,
+when in use, are found before the sources below).
 """
+
+import native
+
+native.add_compiled(__path__)
 
 from .decoder import Decoder
 from .encoder import encode, patch_publish

@@ -136,8 +136,10 @@ class Decoder:
 
     # --- buffering ---------------------------------------------------------------------
 
-    def feed(self, data: bytes) -> None:
-        """Append received bytes. Raises the stored error if the decoder is dead."""
+    def feed(self, data: bytes | bytearray) -> None:
+        """Append received bytes. Raises the stored error if the decoder is dead.
+
+        A bytearray too: a TLS stream may return one (and the compiled build checks)."""
         if self._error is not None:
             raise self._error
         buf = self._buf
@@ -183,7 +185,9 @@ class Decoder:
                 return
             yield packet
 
-    __iter__ = packets
+    def __iter__(self) -> Iterator[Packet]:
+        # A def, not `__iter__ = packets`: mypyc compiles no aliased methods.
+        return self.packets()
 
     def _next_packet(self) -> Packet | None:
         buf = self._buf

@@ -8,6 +8,8 @@ DISCONNECT on v5 after it) and closes the connection.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from .reason_codes import ReasonCode
 
 __all__ = [
@@ -32,7 +34,8 @@ class MQTTError(Exception):
     human-readable detail.
     """
 
-    default_reason_code: int = ReasonCode.UNSPECIFIED_ERROR
+    # ClassVar: each subclass overrides it; mypyc drops an undeclared class override.
+    default_reason_code: ClassVar[int] = ReasonCode.UNSPECIFIED_ERROR
 
     def __init__(self, message: str = "", reason_code: int | None = None) -> None:
         if reason_code is None:

@@ -223,7 +223,7 @@ class ServerConnection:
 
     # ----------------------------------------------------------- receiving
 
-    def receive_data(self, data: bytes, now: float) -> None:
+    def receive_data(self, data: bytes | bytearray, now: float) -> None:
         """Bytes from the client. Keep alive counts from the last bytes received."""
         self._last_received = now
         try:

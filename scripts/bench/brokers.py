@@ -17,9 +17,9 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 # Where meshd's code is imported from: the working tree, or a copy of one commit that
@@ -106,17 +106,21 @@ def export_commit(rev: str, dest: Path) -> str:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     MESHD_SOURCE = dest
+    if (dest / "native").is_dir():  # compile the hot cores as `pip install` would (setup.py)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
+                       stdout=subprocess.DEVNULL)
     return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
                           capture_output=True, text=True).stdout.strip()
 
 
-def meshd_version() -> str:
-    sys.path.insert(0, str(REPO))
-    try:
-        import mesh
-        return mesh.__version__
-    finally:
-        sys.path.pop(0)
+def meshd_version(env: Mapping[str, str] = {}) -> str:
+    """The version and which build of the hot cores it runs (`native`: compiled or why not)."""
+    code = "import mesh, native; print(mesh.__version__, native.status().reason)"
+    run_env = {k: v for k, v in os.environ.items() if k != "MESHD_PURE_PYTHON"}
+    run_env.update(env, PYTHONPATH=str(MESHD_SOURCE))
+    out = subprocess.run([sys.executable, "-c", code], env=run_env, cwd="/", capture_output=True, text=True)
+    version, _, build = out.stdout.strip().partition(" ")
+    return f"{version} ({build})" if build else version or "?"
 
 
 # ----------------------------------------------------------------------------- commands
@@ -162,10 +166,15 @@ class BrokerSpec:
     command: Callable[[int, Path], list[str]]
     ensure: Callable[[], object]
     version: Callable[[], str]
+    env: Mapping[str, str] = field(default_factory=dict)  # set for the broker's process
 
 
 BROKERS: dict[str, BrokerSpec] = {
     "meshd": BrokerSpec("meshd", meshd_command, lambda: None, meshd_version),
+    # The same meshd on the pure-Python modules (README "Compiled cores"): `--brokers
+    # meshd,meshd-pure` puts the mypyc build and the sources side by side.
+    "meshd-pure": BrokerSpec("meshd-pure", meshd_command, lambda: None,
+                             lambda: meshd_version({"MESHD_PURE_PYTHON": "1"}), {"MESHD_PURE_PYTHON": "1"}),
     "mosquitto": BrokerSpec("mosquitto", mosquitto_command, ensure_mosquitto, mosquitto_version),
     "amqtt": BrokerSpec("amqtt", amqtt_command, ensure_amqtt, amqtt_version),
 }
@@ -206,6 +215,8 @@ def start(spec: BrokerSpec, workdir: Path, *, pin: bool = True, startup_timeout:
         cmd = ["taskset", "-c", str(BROKER_CORE), *cmd]  # taskset execs: same PID
     log_path = workdir / f"{spec.name}.log"
     env = dict(os.environ, PYTHONPATH=str(MESHD_SOURCE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("MESHD_PURE_PYTHON", None)  # only as the spec says
+    env.update(spec.env)
     if spec.name == "amqtt":
         env.pop("PYTHONPATH")  # its own venv, nothing of ours
     with open(log_path, "ab") as log:
