@@ -210,7 +210,7 @@ class ClientConnection(Client):
         receive = self.stream.receive_some
         follow = self.scope_follows_reads
         while True:
-            if self.handle_events(clock.wall()):
+            if self._handle_input(clock.wall()):
                 return
             if self.pending_publish is not None:
                 scope.deadline = math.inf  # the hooks bound their own waits; a PUBLISH is not half-taken
@@ -238,6 +238,11 @@ class ClientConnection(Client):
             stats.bytes_in += len(data)
             self._idle_since = now = clock.now()
             machine.receive_data(data, now)
+
+    def _handle_input(self, now: float) -> bool:
+        """`handle_events` for what was read (plain TCP in a node: its writes sent at
+        the end, `mesh.parked`)."""
+        return self.handle_events(now)
 
     async def _publish_hooked(self, p: Publish, pending: PendingPublish) -> None:
         """A PUBLISH whose message.publish chain awaits: the rest of the chain, then

@@ -11,6 +11,11 @@ slower than it is sent to) gets a writer task of its own, which waits for it.
 
 Requests are served in order, each connection at most once per round: it asks again
 only after its turn.
+
+A reader handling what it read (`hold` ... `release`, with no await between) sends what
+that wrote as soon as it is done, itself, without waking the flusher task: its
+publisher's acks and the deliveries to other clients leave at the end of the read, as
+Mosquitto sends at the end of handling a read, not one scheduler tick later.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Flusher:
     def __init__(self) -> None:
         self._queued: list[Flushable] = []
         self._task: trio.lowlevel.Task | None = None  # the run() task while it waits
+        self._held = 0  # readers handling input now (nested: one reader's input may wake none)
         self.stopped = False
 
     def request(self, conn: Flushable) -> bool:
@@ -37,10 +43,30 @@ class Flusher:
             return False
         self._queued.append(conn)
         task = self._task
-        if task is not None:
+        if task is not None and not self._held:
             self._task = None
             trio.lowlevel.reschedule(task)
         return True
+
+    def hold(self) -> None:
+        """A reader starts handling its input: what it writes waits for `release`."""
+        self._held += 1
+
+    def release(self) -> None:
+        """The reader is done: send what was asked meanwhile, now."""
+        self._held -= 1
+        if not self._held and self._queued:
+            self._round()
+
+    def _round(self) -> None:
+        queued, self._queued = self._queued, []
+        for conn in queued:
+            conn.flush_queued()
+        if self._queued and self._task is not None:
+            # Turns taken asked for more (a failed send closes its connection, which
+            # writes): the task takes them, after others ran.
+            task, self._task = self._task, None
+            trio.lowlevel.reschedule(task)
 
     async def run(self) -> None:
         try:
@@ -52,9 +78,7 @@ class Flusher:
                     # Turns taken may have queued more (a failed send closes its
                     # connection, which writes): let others run before the next round.
                     await trio.lowlevel.checkpoint()
-                queued, self._queued = self._queued, []
-                for conn in queued:
-                    conn.flush_queued()
+                self._round()
         finally:
             self.stopped = True
             self._task = None

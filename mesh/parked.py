@@ -51,6 +51,16 @@ class ParkedConnection(ClientConnection):
         if flusher is None or not flusher.request(self):
             super()._start_writing()
 
+    def _handle_input(self, now: float) -> bool:
+        flusher = self._lot.flusher
+        if flusher is None:
+            return self.handle_events(now)
+        flusher.hold()  # what this input makes us (and others) write leaves when it is handled
+        try:
+            return self.handle_events(now)
+        finally:
+            flusher.release()
+
     def flush_queued(self) -> None:
         """The flusher's turn (`mesh.flusher`): send the outbox with one non-blocking
         write; what the socket does not take now goes to a writer task, which waits."""
