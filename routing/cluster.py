@@ -122,7 +122,7 @@ class Cluster:
         self._nursery: trio.Nursery | None = None
         self._retained_pulled = False
         self.forwarded_out = 0
-        self.forwarded_upto = 0  # the last id of a message published here and forwarded (ids only grow)
+        self.forwarded_upto = 0  # the last id of a message published here and forwarded or held (ids only grow)
         self.forwarded_in = 0
         self.replay_duplicates = 0
         # Per peer, identities of the QoS >= 1 messages it forwarded lately (oldest first).
@@ -439,10 +439,10 @@ class Cluster:
             for member in hold_for:
                 self._hold(member, msg, now, also=also)
         held = len(hold_for)
+        if (targets or held) and msg.origin == self.node_id and msg.msg_id > self.forwarded_upto:
+            self.forwarded_upto = msg.msg_id  # held too: it is replayed later, sent before the mark
         if not targets:
             return held
-        if msg.origin == self.node_id and msg.msg_id > self.forwarded_upto:
-            self.forwarded_upto = msg.msg_id
         sent_to: list[str] = []
         if msg.qos and len(targets) > 1:
             # Each receiver learns who else got it: an old owner of a session that

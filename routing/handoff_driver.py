@@ -380,7 +380,7 @@ class Handoffs:
         if client_id not in self.taken_in:
             # What still reaches this node and reached the owner too goes into the
             # owner's copy, which is merged here later: not delivered twice meanwhile.
-            self.taken_in[client_id] = TakenIn(owner, self.clock.wall())
+            self.taken_in[client_id] = TakenIn(owner, self.clock.wall(), fresh=client_id not in self.broker.sessions)
             if self.notes is not None:
                 self.notes.put_meta(TAKEN_META + client_id, self.taken_in[client_id].to_record())
         have = client_id in self.broker.sessions
@@ -427,6 +427,7 @@ class Handoffs:
         client_id = machine.client_id
         step: Step = machine.start()
         redirects = 0
+        giver_marked = False
         phases: list[tuple[str, float]] = []  # for the debug log: where the time goes
         while True:
             phases.append((type(step).__name__ + ":" + getattr(step, "frame_type", ""), self.clock.now() - started))
@@ -441,6 +442,12 @@ class Handoffs:
                     except (TypeError, ValueError) as exc:
                         self.malformed += 1
                         log.warning("dropping a malformed claim from %s: %s", machine.owner, exc)
+                taken_in = self.taken_in.get(client_id)
+                if (step.frame_type == "ho_commit" and not giver_marked and taken_in is not None
+                        and isinstance(reply.get("upto"), int)):
+                    # The giver's own messages up to here reached its copy (see `TakenIn`).
+                    taken_in.marks[machine.owner] = reply["upto"]
+                    giver_marked = True
                 step = machine.on_reply(reply)
             elif isinstance(step, Install):
                 await flushed.wait()
@@ -453,7 +460,11 @@ class Handoffs:
                 self._start_remembering(client_id, taking.session, given=step.session.remembered)
                 # What reaches this node late and reached the giver too is the giver's
                 # to deliver (see `TakenIn`); the fences fill in the marks.
-                taken = self.taken_in[client_id] = TakenIn(machine.owner, self.clock.wall())
+                taken = self.taken_in[client_id] = TakenIn(machine.owner, self.clock.wall(),
+                                                           fresh=stale is None or not stale.persistent)
+                # Until the commit gives the giver's mark, what comes from it directly
+                # is delivered: the tail's merge drops what its copy had too.
+                taken.marks[machine.owner] = 0
                 # Synced here and fenced everywhere, at the same time.
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.cluster.wait_durable)
@@ -466,7 +477,7 @@ class Handoffs:
                 step.fields["snap"] = self.cluster.own_route_snapshot()
                 # And learns which members forward here now: what reaches it late from
                 # the others is relayed here (an optional field: older nodes skip it).
-                step.fields["fenced"] = dict(taken.marks)
+                step.fields["fenced"] = {m: mark for m, mark in taken.marks.items() if m != machine.owner}
             elif isinstance(step, MergeTail):
                 # Copies of tail messages that were forwarded here too must be here
                 # before the merge, or they would escape its deduplication.
@@ -478,6 +489,13 @@ class Handoffs:
                                        (e.delivery for e in session.inflight.values()), step.tail, machine.base)
                 self.broker.merge_handed_tail(session, add, drop)
                 self._start_remembering(client_id, session)  # the tail too
+                taken_in = self.taken_in.get(client_id)
+                if taken_in is not None:
+                    # The giver lets its copy go: what it publishes after its mark (at
+                    # the commit; none from an older giver) is this node's to deliver.
+                    taken_in.marks.setdefault(machine.owner, 0)
+                    if self.notes is not None:
+                        self.notes.put_meta(TAKEN_META + client_id, taken_in.to_record())
                 await self.cluster.wait_durable()
                 done, finished = machine.merged()
                 # The owner may delete its copy now; its answer is not needed.
@@ -584,7 +602,9 @@ class Handoffs:
             if giving.commit_seq is None:
                 giving.commit_seq = session.next_seq - 1
             q, cur, more = queue_chunk(session.queue if session.queued else (), cursor, giving.commit_seq)
-            return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
+            # "upto" (optional; an older taker skips it): what this node publishes from
+            # now on, it forwards to the taker (it has its routes), its copy aside.
+            return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more, "upto": self.cluster.forward_mark()}
         if kind == "ho_done":
             del self.giving[cid]
             self._handed_over(cid, peer, now, giving.commit_seq, giving.fenced)
@@ -691,6 +711,9 @@ class Handoffs:
         for cid, taken in self.taken_in.items():
             if cid in self.taking or taken.giver not in alive:
                 continue
+            if taken.fresh and taken.giver not in taken.marks and (cid, taken.giver) not in self._late_fencing:
+                self._late_fencing.add((cid, taken.giver))
+                self._nursery.start_soon(self._ask_giver, cid, taken)
             for member in alive:
                 key = (cid, member)
                 if member not in taken.marks and member not in (taken.giver, self.node_id) and key not in self._late_fencing:
@@ -706,6 +729,25 @@ class Handoffs:
         finally:
             self._late_fencing.discard((cid, member))
 
+    async def _ask_giver(self, cid: str, taken: TakenIn) -> None:
+        """Whether the giver of a session taken in with no word on its copy (a fallback:
+        its copy is pushed here later) still holds one: if not, what it publishes is
+        this node's to deliver (`TakenIn.giver_kept`).  Asked again while it does.  A
+        fence that names the session ("c", optional); an older giver fences itself
+        (it drains its link to "o", itself: none) and says nothing of its copy."""
+        try:
+            reply = await self.cluster.ask(taken.giver, "ho_fence", {"o": taken.giver, "c": cid,
+                                                                     "snap": self.cluster.own_route_snapshot()},
+                                           FENCE_TIMEOUT + 0.5)
+            if reply.get("ok") and reply.get("copy") is not True and self.taken_in.get(cid) is taken:
+                taken.marks.setdefault(taken.giver, 0)
+                if self.notes is not None:
+                    self.notes.put_meta(TAKEN_META + cid, taken.to_record())
+        except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+            log.debug("asking %s about its copy of %s failed (%s)", taken.giver, cid, exc)
+        finally:
+            self._late_fencing.discard((cid, taken.giver))
+
     def _forget_taken(self, cid: str) -> None:
         if self.taken_in.pop(cid, None) is not None and self.notes is not None:
             self.notes.delete_meta(TAKEN_META + cid)
@@ -713,13 +755,18 @@ class Handoffs:
     def giver_had(self, msg: Message, sender: str, also: tuple[str, ...]) -> Callable[[str], bool] | None:
         """For a message forwarded here: which sessions taken over here must not get it
         (see `TakenIn`), as a test of a client id; None when none can be."""
-        if not also or not self.taken_in or msg.origin != sender:
+        if not self.taken_in or msg.origin != sender:
             return None
         givers = set(also)
 
         def had(client_id: str) -> bool:
             taken = self.taken_in.get(client_id)
-            if taken is None or taken.giver not in givers:
+            if taken is None:
+                return False
+            if taken.giver_kept(msg, sender):
+                self.skipped += 1
+                return True
+            if taken.giver not in givers:
                 return False
             mark = taken.marks.get(sender)
             if mark is None or msg.msg_id <= mark:
@@ -769,6 +816,10 @@ class Handoffs:
         return "ho_flushed", {"ok": True}
 
     async def _answer_fence(self, frame: Frame) -> tuple[str, Fields]:
+        cid = frame.get("c")
+        if isinstance(cid, str):
+            # Asked as a session's giver (`_ask_giver`): only whether its copy is here.
+            return "ho_fenced", {"ok": True, "copy": cid in self.broker.sessions and cid not in self.moved}
         owner = frame["o"]
         if not isinstance(owner, str):
             raise ValueError("bad fence")
@@ -817,7 +868,8 @@ class Handoffs:
                 q, cursor, more = queue_chunk(queue, cursor)
                 if not first and not q:
                     break  # nothing arrived since the last chunk: the copy is all there
-                fields: dict[str, object] = {"c": cid, "q": q, "more": more}
+                # "upto" (optional): the last id published here so far, in the copy if it matched.
+                fields: dict[str, object] = {"c": cid, "q": q, "more": more, "upto": self.cluster.forward_mark()}
                 if first:
                     fields["img"] = self._image(session)
                     sent += len(session.inflight)
@@ -882,9 +934,14 @@ class Handoffs:
         log.warning("session %s: merged %d messages from the copy %s held", cid, added, peer)
         taken = self.taken_in.get(cid)
         if taken is not None and taken.giver == peer:
+            # What the giver publishes from now on no longer reaches a copy there.
+            upto = frame.get("upto")
+            taken.marks[peer] = upto if isinstance(upto, int) else 0
+            if self.notes is not None:
+                self.notes.put_meta(TAKEN_META + cid, taken.to_record())
             # The giver relays what it cannot tell reached this node: these marks tell it
             # (an optional field; an older node skips it).
-            return "ho_state", {"ok": True, "marks": dict(taken.marks)}
+            return "ho_state", {"ok": True, "marks": {m: mark for m, mark in taken.marks.items() if m != peer}}
         return "ho_state", {"ok": True}
 
 def _stamp(data: object) -> HlcTimestamp:

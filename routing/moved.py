@@ -68,15 +68,31 @@ class TakenIn:
     giver: str
     at: float
     marks: dict[str, int] = field(default_factory=dict)
+    # No copy of the session was here before it came (see `giver_kept`).  The giver's
+    # own mark, once known, is in `marks` too: the last id it published before it let
+    # its copy go (at the handoff's commit; at the push of the copy it kept through a
+    # fallback; 0 when it says it holds none).
+    fresh: bool = False
+
+    def giver_kept(self, msg: Message, sender: str) -> bool:
+        """Whether a message the giver published and forwarded here (held while it
+        could not reach this node, or stuck in a link) reached the session there: it
+        was published while the giver held its copy (up to its mark; no mark yet: it
+        holds it still), which delivered it or brings it along.  Only for a session
+        that had no copy here: one that had may have been what it was sent for."""
+        if not self.fresh or sender != self.giver or msg.origin != sender:
+            return False
+        mark = self.marks.get(sender)
+        return mark is None or msg.msg_id <= mark
 
     def to_record(self) -> dict[str, object]:
-        return {"g": self.giver, "a": self.at, "m": dict(self.marks)}
+        return {"g": self.giver, "a": self.at, "m": dict(self.marks), "n": self.fresh}
 
     @classmethod
     def from_record(cls, value: object) -> "TakenIn":
         if not isinstance(value, dict) or not isinstance(value.get("g"), str) or not isinstance(value.get("m"), dict):
             raise ValueError("bad taken record")
-        return cls(value["g"], float(value["a"]), {str(k): int(v) for k, v in value["m"].items()})
+        return cls(value["g"], float(value["a"]), {str(k): int(v) for k, v in value["m"].items()}, bool(value.get("n")))
 
 
 def marks_from_wire(data: object) -> dict[str, int]:

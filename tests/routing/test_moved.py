@@ -31,4 +31,20 @@ def test_moved_and_taken_records_round_trip() -> None:
     assert (back.session.expiry_interval, back.session.protocol_level, back.session.subscriptions) == (60, 5, subs)
     taken = TakenIn("A", 7.0, {"P": 9})
     assert TakenIn.from_record(taken.to_record()) == taken
+    fresh = TakenIn("A", 7.0, {"A": 4}, fresh=True)
+    assert TakenIn.from_record(fresh.to_record()) == fresh
+    assert TakenIn.from_record({"g": "A", "a": 7.0, "m": {}}).fresh is False  # a record of an earlier version
+
+
+def test_what_the_giver_published_while_it_held_its_copy_is_its_own_to_deliver() -> None:
+    # A fallback: no word yet on the giver's copy, so it holds it still.
+    taken = TakenIn("A", 7.0, fresh=True)
+    assert taken.giver_kept(msg("A", 50), "A")
+    assert not taken.giver_kept(msg("P", 50), "P")  # another member's: not the giver's copy
+    assert not taken.giver_kept(msg("P", 50), "A")  # relayed by the giver, published elsewhere
+    # Its mark (the handoff's commit, or the push of its copy): later ones are this node's.
+    taken.marks["A"] = 40
+    assert taken.giver_kept(msg("A", 40), "A") and not taken.giver_kept(msg("A", 41), "A")
+    # A copy was here already: a held message may have been meant for it.
+    assert not TakenIn("A", 7.0).giver_kept(msg("A", 50), "A")
     assert marks_from_wire({"P": 1, "Q": "x"}) == {"P": 1} and marks_from_wire(None) == {}
