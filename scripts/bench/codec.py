@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"us": run_case(args.child, args.n), "compiled": native.status().compiled}))
         return 0
     cases = args.cases.split(",")
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     results: dict[tuple[str, bool], list[float]] = {}
     compiled_seen = set()
     for _ in range(args.rounds):
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault((case, pure), []).append(float(line["us"]))  # type: ignore[arg-type]
                 if not pure:
                     compiled_seen.add(bool(line["compiled"]))
-                print(json.dumps({"case": case, "pure": pure, **line}), flush=True)
+                print(json.dumps({"case": case, "pure": pure, **line, "commit": commit,
+                                  "loadavg": round(os.getloadavg()[0], 2)}), flush=True)
     print(f"\nload average {os.getloadavg()[0]:.2f}; first column compiled: {sorted(compiled_seen)}")
     print("| case | compiled µs/op | pure µs/op | compiled/pure |")
     print("|---|---:|---:|---:|")
