@@ -21,7 +21,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol, Sized
 
 import faults
 from clock import Clock, SystemClock
@@ -84,6 +84,9 @@ class StreamHook(Protocol):
     """The node's durable streams (`streams.service.StreamService`, built before the
     broker): every message published through this node passes `append`; the clients
     open replay subscriptions through it."""
+
+    @property
+    def specs(self) -> Sized: ...  # the streams in effect: none, no `append` call per message
 
     def append(self, msg: Message, now: float) -> Message: ...
 
@@ -525,8 +528,9 @@ class Broker:
         the mesh wants none of it (`Mesh.stays_here`, asked once per message)."""
         if not internal:
             self.stats.messages_in[msg.qos] += 1
-            if self.streams is not None:
-                msg = self.streams.append(msg, now)  # kept (with its position) if it is a stream's
+            streams = self.streams
+            if streams is not None and streams.specs:
+                msg = streams.append(msg, now)  # kept (with its position) if it is a stream's
         if msg.retain:
             self._set_retained(msg, persist=not internal)
         mesh = self.mesh
