@@ -63,6 +63,8 @@ class Mesh(Protocol):
 
     def session_ended(self, client_id: str) -> None: ...
 
+    def keep_expired(self, client_id: str, left_at: float, expired_at: float, now: float) -> float | None: ...
+
     # Asked by the connection before a CONNECT opens its session.
     def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool: ...
 
@@ -220,8 +222,9 @@ class Broker:
         # Sessions started while their owner was unreachable: the identities of what
         # they were given, so a copy merged in later does not bring those back twice.
         self.remembered: dict[str, set[tuple[str | None, int]]] = {}
-        # Sessions restored past their expiry (client id -> when they expired), kept for
-        # `EXPIRED_WHILE_DOWN_GRACE` in case their client resumed them elsewhere.
+        # Sessions past their expiry (client id -> when they expired), kept in case their
+        # client resumed them elsewhere: restored after it (for `EXPIRED_WHILE_DOWN_GRACE`),
+        # or expired while that may have happened unseen (`Mesh.keep_expired`).
         self.expired_while_down: dict[str, float] = {}
 
     def set_limits(self, limits: BrokerLimits) -> None:
@@ -408,6 +411,16 @@ class Broker:
                     continue
                 deadline = session.expires_at()
                 if deadline is not None and deadline <= now:
+                    if self.mesh is not None:
+                        # Its client may have resumed it on a member this node could not
+                        # hear: kept while that may be so, then merged there
+                        # (routing.handoff_driver `_push_foreign_copies`) or ended.
+                        left_at = session.disconnected_at if session.disconnected_at is not None else deadline
+                        until = self.mesh.keep_expired(key, left_at, deadline, now)
+                        if until is not None:
+                            self.expired_while_down[key] = deadline
+                            self._add_timer(until, "expire", key, 0)
+                            continue
                     log_event(log, Event.SESSION_EXPIRED, client_id=key, expiry=session.expiry_interval, while_down=False)
                     self._end_session(session, now, publish_pending_will=True)
 

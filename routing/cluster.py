@@ -32,6 +32,7 @@ from gossip.wire import Envelope
 from oplog import Event, log_event
 from routing.forward import ForwardTarget
 from routing.batch import OutgoingMessage, Unpacked, unpack, unpack_fwd
+from routing.contact import Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
 from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
@@ -52,6 +53,7 @@ HELD_EXPIRY_INTERVAL = 5.0
 RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
 HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
+CLAIMS_SETTLE = 20.0  # after every member is heard again: ownership claims have spread (routing.contact)
 _GONE = (MemberState.DEAD, MemberState.LEFT)
 
 
@@ -140,6 +142,10 @@ class Cluster:
                                  notes=store, moved_memory=held_max_age, recovered_meta=recovered_meta)
         self.held = HeldTraffic(hold_period=hold_period, max_messages=held_max_messages, max_age=held_max_age)
         self._restore_held(recovered_meta or {})
+        # An expiring session's client may have resumed it where this node could not
+        # hear: kept at most as long as held traffic (what it holds was acknowledged too).
+        self.contact = Contact(clock.wall(), CLAIMS_SETTLE, held_max_age)
+        port.on_expiry(self._keep_expired)
         port.on_forward(self.forward)
         port.on_session_ended(self.handoffs.session_ended)
         port.on_holding(lambda: bool(self.held.members))
@@ -234,7 +240,12 @@ class Cluster:
         if self.table.wanted:
             self._pull_routes(delta.origin)
 
+    def _keep_expired(self, client_id: str, left_at: float, expired_at: float, now: float) -> float | None:
+        claimed = self.handoffs.claimed_elsewhere(client_id, expired_at)
+        return self.contact.keep_expired(left_at, expired_at, now, claimed)
+
     def _on_member_change(self, member: str, state: str) -> None:
+        self.contact.member_changed(member, state, self.clock.wall())
         if state in _GONE:
             filters = self.table.remote[member].filters if member in self.table.remote else set()
             if state == MemberState.DEAD and self.held.hold(member, filters, self.clock.wall()):

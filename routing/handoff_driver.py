@@ -212,7 +212,9 @@ class Handoffs:
 
     def housekeeping(self, now: float) -> None:
         for cid, giving in list(self.giving.items()):
-            if now - giving.started > GIVE_TIMEOUT:
+            if now - giving.started > GIVE_TIMEOUT or (giving.commit_seq is None and now - giving.started > TAKEOVER_BUDGET + 1.0):
+                # Uncommitted past the taker's whole budget: it gave up (a fallback);
+                # the copy is pushed to it if it claimed the client after all.
                 del self.giving[cid]
                 log.warning("handoff of %s to %s timed out; keeping the session here", cid, giving.taker)
         for cid, moved in list(self.moved.items()):
@@ -228,6 +230,13 @@ class Handoffs:
         for cid, until in list(self._remember_until.items()):
             if now > until or cid not in self.broker.sessions:
                 self._stop_remembering(cid)
+
+    def claimed_elsewhere(self, client_id: str, before: float) -> bool:
+        """Whether another node claimed the client id (not clean) before `before`
+        (wall s): a copy held here is its client's session resumed there."""
+        claim = self.register.get(client_id)
+        return (claim is not None and claim.owner not in (None, self.node_id) and not claim.clean
+                and claim.stamp.wall_ms <= before * 1000)
 
     def _wall_ms(self) -> int:
         return int(self.clock.wall() * 1000)
@@ -793,8 +802,10 @@ class Handoffs:
         if current is not None and current.stamp > claim.stamp:
             return {"ok": False, "why": "superseded", "own": current.to_wire()}
         session = self.broker.sessions.get(cid)
-        if cid in self.moved:
-            session = None  # only a copy of relayed messages: it goes to the owner by push
+        if cid in self.moved or cid in self.broker.expired_while_down:
+            # Only a copy of relayed messages, or one past its expiry: pushed to the
+            # owner if its client resumed it in time; no session for a new CONNECT.
+            session = None
         if session is None or not session.persistent:
             moved = self.moved.get(cid)
             if moved is not None and moved.taker != peer:

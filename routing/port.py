@@ -55,6 +55,11 @@ def _no_session(client_id: str) -> None:
     """Before the cluster registers its own: no ended session can hold a claim yet."""
 
 
+def _never_keep(client_id: str, left_at: float, expired_at: float, now: float) -> float | None:
+    """Before the cluster registers its own: no other member, so no resume elsewhere."""
+    return None
+
+
 def _holds_nothing() -> bool:
     """Before the cluster registers its own: nothing is held for any member."""
     return False
@@ -68,6 +73,9 @@ class MeshPort:
         self.retained_targets: Callable[[], list[str]] = members.alive_members
         self.forward: Forward = _no_forward
         self.session_ended: Callable[[str], None] = _no_session
+        # Whether a session that expires here is kept a while: its client may have
+        # resumed it on a member this node could not hear (routing.contact).
+        self.keep_expired: Callable[[str, float, float, float], float | None] = _never_keep
         self.holding: Callable[[], bool] = _holds_nothing  # traffic held for an unreachable member?
         self._claims: ConnectClaims | None = None
         self._shared_next: dict[tuple[str, str], int] = {}
@@ -92,6 +100,9 @@ class MeshPort:
         the route lookups and the forward altogether."""
         table = self.table
         return not retain and not len(table.trie) and not len(table.shared_trie) and not self.holding()
+
+    def on_expiry(self, handler: Callable[[str, float, float, float], float | None]) -> None:
+        self.keep_expired = handler
 
     def serve_connects(self, claims: ConnectClaims) -> None:
         self._claims = claims

@@ -1,0 +1,57 @@
+"""Whether this node has heard every member all along: what decides if a session that
+expires here may have been resumed on another node meanwhile (pure; time passed in).
+
+A client that reconnects elsewhere while its session's node can be reached takes the
+session over (`routing.handoff_driver`): the copy here goes.  While some member cannot
+be reached, its CONNECT falls back to a new session there, and the copy here is pushed
+to it once the two hear each other again and the claim has reached this node.  A copy
+whose expiry falls before that would end with what it holds, acknowledged to its
+publishers: so it is kept (the broker's `expired_while_down`) while a newer claim
+elsewhere is known (until it is pushed), or until every member has been heard again
+for `settle` seconds (time for the claims to spread: gossip pulls full state from a
+member that is back at once), and at most `max_keep` seconds past its expiry (a member
+that never comes back is never heard again).
+
+What it cannot see: a node cut off alone may not suspect anyone before the heal
+(Lifeguard slows its verdicts), so there only a claim learnt in time keeps the copy.
+"""
+
+from __future__ import annotations
+
+from gossip.events import MemberState
+
+UNREACHABLE = (MemberState.SUSPECT, MemberState.DEAD)
+
+
+class Contact:
+    def __init__(self, now: float, settle: float, max_keep: float) -> None:
+        self.settle = settle
+        self.max_keep = max_keep
+        self.unreachable: set[str] = set()
+        self.peers = False  # a member was ever seen: alone, a node has no one to miss
+        # When the last member that could not be heard was heard again.  The start
+        # counts: whatever happened before it, this node did not hear.
+        self.back_at = now
+
+    def member_changed(self, member: str, state: str, now: float) -> None:
+        self.peers = True
+        if state in UNREACHABLE:
+            self.unreachable.add(member)
+        elif member in self.unreachable:
+            # Alive again, or left (a member that leaves hands its sessions over).
+            self.unreachable.discard(member)
+            self.back_at = now
+
+    def keep_expired(self, left_at: float, expired_at: float, now: float, claimed_elsewhere: bool) -> float | None:
+        """A session whose client left at `left_at` expired at `expired_at`: None when
+        it may end (every member heard all along since, no claim elsewhere from before
+        its expiry, or kept long enough), else until when to keep it (ask again then)."""
+        last = expired_at + self.max_keep
+        if now >= last or not self.peers:
+            return None
+        if self.unreachable or claimed_elsewhere:
+            return min(now + self.settle, last)
+        if self.back_at < left_at:
+            return None
+        until = self.back_at + self.settle
+        return min(until, last) if until > now else None
