@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.append(str(HERE))  # appended: scripts/bench/streams.py must not hide the package
 
 from report_scale import STAGE, _cpu_by_pid  # noqa: E402  (sibling script)
 
