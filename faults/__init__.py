@@ -22,6 +22,9 @@ forget-route         routing/table.py `RouteTable._drain`: a peer's route additi
 stale-owner          routing/handoff_driver.py `Handoffs._handed_over` and
                      `_push_foreign_copies`: the old owner keeps its copy of a session it
                      handed over (and never pushes it to the owner to be merged)
+ack-before-replica   replication/service.py `Replication._update_floor`: in sync
+                     replication, acknowledgements no longer wait for the replicas
+                     (which `_send_loop` makes lag 2 s behind, so a crash falls in the gap)
 ==================== ====================================================================
 
 The flags are plain module globals on purpose: `from faults import DROP_FORWARD` would
@@ -37,6 +40,7 @@ FAULTS: tuple[str, ...] = (
     "double-deliver-qos2",
     "forget-route",
     "stale-owner",
+    "ack-before-replica",
 )
 
 DROP_FORWARD = False
@@ -45,6 +49,7 @@ REORDER_QUEUE = False
 DOUBLE_DELIVER_QOS2 = False
 FORGET_ROUTE = False
 STALE_OWNER = False
+ACK_BEFORE_REPLICA = False
 
 
 def _flag(name: str) -> str:

@@ -56,8 +56,9 @@ TRACE_FIELDS: tuple[str, ...] = (
 # ``suspicion_us`` on a detection is the minimum suspicion timeout for the view's size,
 # the yardstick for its detection time.
 # ``session_handoff`` records (written by the node the session moved to, or by the one
-# whose copy was merged) carry ``to``, ``outcome`` (ok / fallback / merged), ``reason``
-# (why a fallback), ``duration_ms`` and ``messages`` (messages that came along).
+# whose copy was merged) carry ``to``, ``outcome`` (ok / fallback / merged / replica:
+# taken from a replica), ``reason`` (why a fallback), ``duration_ms`` and ``messages``
+# (messages that came along).
 OPTIONAL_FIELDS: tuple[str, ...] = (
     "peers", "majority", "took_us", "suspicion_us", "to", "outcome", "reason", "duration_ms", "messages",
 )

@@ -1023,6 +1023,7 @@ class Broker:
                 continue
             known.add(key)
             copy = Delivery(d.message, d.qos, d.retain, d.subscription_ids)
+            copy.dup = d.dup
             self.deliver(session, copy, now)
             added += 1
         return added

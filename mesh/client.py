@@ -387,7 +387,7 @@ class Client:
             return
         pid = self.machine.allocate_packet_id()
         self.broker.add_inflight(session, pid, delivery)
-        self._send_publish(delivery, pid, False, now, cache)
+        self._send_publish(delivery, pid, delivery.dup, now, cache)
 
     def replay_has_room(self) -> bool:
         """Whether a replay may hand this client its next message now (flow control:
@@ -428,7 +428,12 @@ class Client:
             if packet_id is not None:
                 data = patch_publish(data, packet_id=packet_id)
         self.broker.stats.messages_out[d.qos] += 1
-        self.write(data)
+        if d.qos == 2 and self.broker.store.replicated_floor is not None:
+            # Sync session replication: a QoS 2 PUBLISH leaves once its packet id is on
+            # the replicas, so a takeover resends it under the same id (exactly once).
+            self._write_when_durable(data)
+        else:
+            self.write(data)
         if self.broker.hooks.message_delivered:
             self.broker.hooks.notify(HookPoint.MESSAGE_DELIVERED, self.client_id, d.message)
 
@@ -460,7 +465,7 @@ class Client:
                 continue
             pid = machine.allocate_packet_id()
             broker.add_inflight(session, pid, d)
-            self._send_publish(d, pid, False, now, None)
+            self._send_publish(d, pid, d.dup, now, None)
 
     def _resume(self, now: float) -> None:
         """Session resumed: resend unacknowledged PUBLISHes with DUP=1 and pending
@@ -618,6 +623,18 @@ class Client:
             broker.ack_waiters[self] = None
         else:
             self.write(ack)
+
+    def _write_when_durable(self, data: bytes) -> None:
+        """Write `data` once every store change made so far is durable (behind the
+        acknowledgements already waiting)."""
+        store = self.broker.store
+        if not self._pending_acks and store.write_epoch <= store.durable_epoch:
+            self.write(data)
+            return
+        if self._pending_acks is None:
+            self._pending_acks = deque()
+        self._pending_acks.append((store.write_epoch, None, data))
+        self.broker.ack_waiters[self] = None
 
     def release_acks(self, durable_epoch: int) -> bool:
         """Send the acks that no longer wait (durable here, acknowledged by the nodes

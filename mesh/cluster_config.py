@@ -27,6 +27,8 @@ CLUSTER_KEYS: tuple[str, ...] = (
     "log_level",
     "acl",  # the ACL file's TOML text, enforced by every node instead of its acl_file
     "streams",  # the durable streams (canonical JSON of the [[streams]] tables)
+    "session_replicas",  # copies of each persistent session (replication/)
+    "session_replication",  # sync or async
 )
 
 

@@ -17,6 +17,7 @@ collaborators here, at construction, and nothing is wired in afterwards.
     bridges                MQTT and HTTP targets behind durable cache queues (egress at message.publish)
     delayed runner         publishes delayed messages through the broker when due
     plugins, rules         callbacks on the hooks: this node's plugins, the rule engine
+    replication            copies of persistent sessions on other members; takeover from them
     cluster                routes and forwards between nodes, handoffs, held traffic
     config sync            cluster-wide settings over gossip
     $SYS publisher         the broker's numbers as retained topics
@@ -55,6 +56,7 @@ from mesh.inventory import Inventory
 from mesh.node import Node, WriteRunner
 from mesh.node_metrics import node_metrics
 from mesh.node_stats import NodeStats, RateHistory
+from mesh.replication_ops import replication_metrics
 from mesh.security import Security
 from mesh.sys_topics import SysPublisher
 from mesh.tls import TlsConfigError, cluster_contexts
@@ -64,6 +66,7 @@ from netsplit.view import PartitionView
 from routing.cluster import Cluster
 from routing.port import MeshPort
 from routing.queries import MeshQueries
+from replication.service import Replication
 from routing.table import RouteTable
 from session_store.rocks import RocksStore, StoreOpenError
 from session_store.store import SessionStore
@@ -160,11 +163,16 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     rules = build_rule_engine(settings.rules, node_id=node_id, clock=clock, hooks=hooks, broker=broker,
                               connections=broker,
                               more_actions={"webhook": webhook_factory(bridges), "bridge": bridge_factory(bridges)})
+    # Persistent sessions copied to other members (the store tells it every change;
+    # the cluster's handoff driver takes a session from it when its owner is gone).
+    replication = Replication(node_id=node_id, copies=settings.session_replicas, mode=settings.session_replication,
+                              store=store, broker=broker, queries=queries, members=gossip, clock=clock,
+                              recovered_meta=recovered.meta)
     cluster = Cluster(
         node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,
         cluster_name=settings.cluster_name, clock=clock, rng=_child(rng),
         hold_period=settings.netsplit_hold, held_max_messages=settings.held_max_messages,
-        held_max_age=settings.held_max_age, recovered_meta=recovered.meta,
+        held_max_age=settings.held_max_age, recovered_meta=recovered.meta, replicas=replication,
     )
     # Rules and bridges see a delayed message when it is published (message.publish).
     delayed_runner = DelayedRunner(messages=delayed, publisher=broker, clock=clock, doorbell=delayed_changed,
@@ -173,7 +181,8 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # Config sync lives through its gossip handlers; the API reads and changes it.
     config_sync = ConfigSync(node_id=node_id, clock=clock, broker=broker, gossip=gossip, store=store, trace=trace,
                              recovered_meta=recovered.meta, security=security,
-                             families={**configure_families(bridges), "rule": rules.apply_cluster}, streams=streams)
+                             families={**configure_families(bridges), "rule": rules.apply_cluster}, streams=streams,
+                             replication=replication)
 
     def uptime() -> float:
         return clock.wall() - started_at
@@ -185,10 +194,11 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
                            security=security, uptime=uptime, streams=streams)
     add_bridge_metrics(metrics, bridges)
     delayed_metrics(metrics, delayed)
+    replication_metrics(metrics, replication)
     add_extension_metrics(metrics, hooks=hooks, plugins=plugins, rules=rules)
     # Cluster-wide clients and subscriptions: each member answers for its own sessions.
     inventory = Inventory(node_id=node_id, broker=broker, gossip=gossip, queries=queries, clock=clock,
-                          extra_answers=delayed_answers(delayed))
+                          extra_answers=delayed_answers(delayed), session_extra=replication.describe)
     history = RateHistory(broker=broker, store=store, clock=clock)  # the dashboard's last ten minutes
     api = build_router(node_id=node_id, settings=settings, ports=ports, uptime=uptime, security=security,
                        broker=broker, gossip=gossip, partitions=partitions, cluster=cluster,
@@ -204,7 +214,8 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
         settings=settings, node_id=node_id, clock=clock, started_at=started_at, security=security,
         store=store, store_dirty=store_dirty, trace=trace, gossip=gossip, partitions=partitions,
         broker=broker, timers_changed=timers_changed, cluster=cluster, sys=sys,
-        ports=ports, api=api, run_write=run_write, services=(bridges, history, delayed_runner, rules, streams),
+        ports=ports, api=api, run_write=run_write,
+        services=(bridges, history, delayed_runner, rules, streams, replication),
     )
 
 

@@ -101,13 +101,18 @@ class StreamsHolder(Protocol):
     def set_specs(self, raw: object) -> None: ...
 
 
+class ReplicationHolder(Protocol):
+    def set_setting(self, key: str, value: object) -> None: ...
+
+
 class ConfigSync:
     def __init__(self, *, node_id: str, clock: Clock, broker: LimitsHolder, gossip: ConfigGossip, store: MetaStore,
                  trace: Tracer, recovered_meta: Mapping[str, object], security: AclHolder,
                  families: Mapping[str, Callable[[str, str], None]] | None = None,
-                 streams: StreamsHolder | None = None) -> None:
+                 streams: StreamsHolder | None = None, replication: ReplicationHolder | None = None) -> None:
         self.node_id = node_id
         self.streams = streams
+        self.replication = replication
         self.clock = clock
         self.security = security
         self.broker = broker
@@ -198,6 +203,9 @@ class ConfigSync:
         elif key == "streams":
             if self.streams is not None:
                 self.streams.set_specs(value)
+        elif key in ("session_replicas", "session_replication"):
+            if self.replication is not None:
+                self.replication.set_setting(key, value)
         elif key == "log_level":
             logging.getLogger().setLevel(str(value).upper())
         elif key in _LIMIT_NAMES:

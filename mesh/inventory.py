@@ -212,8 +212,11 @@ class Inventory:
     """The local answers, and the cluster-wide questions built on them."""
 
     def __init__(self, *, node_id: str, broker: InventoryBroker, gossip: Members, queries: MeshQueries,
-                 clock: Clock, extra_answers: Mapping[str, Answer] | None = None) -> None:
+                 clock: Clock, extra_answers: Mapping[str, Answer] | None = None,
+                 session_extra: Callable[[str], dict[str, Any] | None] | None = None) -> None:
         self.node_id = node_id
+        # More fields of one session's detail, from the node that holds it (its replication).
+        self.session_extra = session_extra
         # More questions this node answers for what it holds (delayed messages), by name.
         self.extra_answers = dict(extra_answers or {})
         self.broker = broker
@@ -264,7 +267,11 @@ class Inventory:
         session = self.broker.sessions.get(client_id)
         if session is None:
             return None
-        return client_detail(self.node_id, session, self.broker.connections.get(client_id))
+        detail = client_detail(self.node_id, session, self.broker.connections.get(client_id))
+        extra = self.session_extra(client_id) if self.session_extra is not None else None
+        if extra:
+            detail["replication"] = extra
+        return detail
 
     def _subscriptions(self, topic: str | None, client_id: str | None, after: Sequence[str] | None,
                        limit: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from oplog import Event, log_event
 from routing.forward import ForwardTarget
 from routing.batch import OutgoingMessage, Unpacked, unpack, unpack_fwd
 from routing.contact import Contact
-from routing.handoff_driver import ClaimGossip, Handoffs, SessionHost
+from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
 from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
@@ -107,7 +107,8 @@ class Cluster:
     def __init__(self, *, node_id: str, port: MeshPort, broker: LocalBroker, store: MetaStore,
                  gossip: ClusterGossip, trace: Tracer, cluster_name: str, clock: Clock,
                  rng: random.Random | None = None, hold_period: float = 86400.0, held_max_messages: int = 10_000,
-                 held_max_age: float = 3600.0, recovered_meta: Mapping[str, object] | None = None) -> None:
+                 held_max_age: float = 3600.0, recovered_meta: Mapping[str, object] | None = None,
+                 replicas: ReplicaSource | None = None) -> None:
         self.node_id = node_id
         self.port = port
         self.broker = broker
@@ -139,8 +140,11 @@ class Cluster:
         # A session handed over is remembered as long as a message held for this node
         # (or stuck in a link to it) may still arrive for it.
         self.handoffs = Handoffs(node_id=node_id, broker=broker, gossip=gossip, cluster=self, trace=trace, clock=clock,
-                                 notes=store, moved_memory=held_max_age, recovered_meta=recovered_meta)
+                                 notes=store, moved_memory=held_max_age, recovered_meta=recovered_meta,
+                                 replicas=replicas)
         self.held = HeldTraffic(hold_period=hold_period, max_messages=held_max_messages, max_age=held_max_age)
+        if replicas is not None:
+            replicas.use_held(self.held)  # a session taken from a replica gets what was held for its dead owner
         self._restore_held(recovered_meta or {})
         # An expiring session's client may have resumed it where this node could not
         # hear: kept at most as long as held traffic (what it holds was acknowledged too).

@@ -25,6 +25,7 @@ import faults
 from clock import Clock
 from clock.hlc import HlcTimestamp
 from oplog import Event, log_event
+from routing.held import HeldTraffic
 from routing.links import Fields, Frame, Reply
 from routing.moved import MOVED_META, TAKEN_META, Moved, TakenIn, marks_from_wire
 from routing.trie import TopicTrie
@@ -129,6 +130,21 @@ class MeshRequests(Protocol):
     def take_route_snapshot(self, wire: object) -> None: ...
 
 
+class ReplicaSource(Protocol):
+    """Session replication (`replication.service`): where a session whose owner cannot
+    hand it over is taken from instead (the newest copy on a live replica)."""
+
+    def use_claims(self, claims: OwnershipRegister) -> None: ...
+
+    def use_held(self, held: HeldTraffic) -> None: ...
+
+    async def copy_for_takeover(self, client_id: str, owner: str) -> StoredSession | None: ...
+
+    async def held_for(self, client_id: str, owner: str, subscriptions: Mapping[str, SubscriptionOptions]) -> list[Delivery]: ...
+
+    def taken_over(self, client_id: str, owner: str) -> None: ...
+
+
 class _Superseded(Exception):
     """A newer CONNECT for the same client id won while this takeover ran."""
 
@@ -150,13 +166,14 @@ class HandoffStats:
     kicked: int = 0  # local connections closed because a newer CONNECT claimed the id
     merged_out: int = 0  # copies pushed to their owner and merged there (conflicts resolved)
     merged_in: int = 0  # copies from other nodes merged into sessions owned here
+    from_replica: int = 0  # sessions taken over from a replica (their owner could not hand them over)
     durations_ms: list[float] = field(default_factory=list)  # the last takeovers, for /metrics
 
 
 class Handoffs:
     def __init__(self, *, node_id: str, broker: SessionHost, gossip: ClaimGossip, cluster: MeshRequests,
                  trace: Tracer, clock: Clock, notes: MetaNotes | None = None, moved_memory: float = MOVED_MEMORY,
-                 recovered_meta: Mapping[str, object] | None = None) -> None:
+                 recovered_meta: Mapping[str, object] | None = None, replicas: ReplicaSource | None = None) -> None:
         self.node_id = node_id
         self.broker = broker
         self.gossip = gossip
@@ -164,6 +181,9 @@ class Handoffs:
         self.trace = trace
         self.clock = clock
         self.register = OwnershipRegister(node_id)
+        self.replicas = replicas
+        if replicas is not None:
+            replicas.use_claims(self.register)
         self.giving: dict[str, Giving] = {}
         self.taking: dict[str, _Taking] = {}
         self.notes = notes
@@ -345,9 +365,39 @@ class Handoffs:
         if clean_start or owner is None or owner == self.node_id:
             return "ok"
         if owner not in self.gossip.alive_members():
-            self._fallback(client_id, owner, "owner unreachable")
+            await self._replica_or_fallback(client_id, owner, "owner unreachable")
             return "ok"
         return await self._take_over(client_id, owner, claim)
+
+    async def _replica_or_fallback(self, client_id: str, owner: str, why: str) -> None:
+        """The owner cannot hand the session over: take it from the newest replica
+        (`session_replicas` > 1), else go on as `_fallback` says."""
+        stored = await self.replicas.copy_for_takeover(client_id, owner) if self.replicas is not None else None
+        if stored is None:
+            self._fallback(client_id, owner, why)
+            return
+        stale = self.broker.sessions.get(client_id)
+        if stale is not None and stale.persistent:
+            stored = merge_stale(stored, stale)
+        replicas = self.replicas
+        assert replicas is not None
+        session = self.broker.install_session(stored, self.clock.wall())
+        self.stats.from_replica += 1
+        # As in `_fallback`: the owner's own copy is merged here if it comes back, and
+        # what this session is given meanwhile must not be delivered twice then.
+        self._start_remembering(client_id, session, for_s=REMEMBER_FOR)
+        # What members held for the dead owner comes here, before and after they learn
+        # this node's routes (the fence): a member that never comes back would keep it.
+        merge = StoredSession(client_id, queue=await replicas.held_for(client_id, owner, session.subscriptions))
+        await self._fence(owner, {})
+        merge.queue += await replicas.held_for(client_id, owner, session.subscriptions)
+        if merge.queue:
+            self.broker.merge_session(merge, self.clock.wall())
+        replicas.taken_over(client_id, owner)
+        await self.cluster.wait_durable()
+        self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=client_id, origin=owner,
+                        to=self.node_id, outcome="replica", reason=why, duration_ms=0.0,
+                        messages=len(stored.queue) + len(stored.inflight))
 
     def _start_remembering(self, client_id: str, session: Session | None, *, for_s: float | None = None,
                            given: set[tuple[str | None, int]] | None = None) -> None:
@@ -414,12 +464,12 @@ class Handoffs:
                 return await self._drive(machine, taking, started, flushed)
             if taking.superseded:
                 return self._superseded(client_id, taking)
-            self._fallback(client_id, machine.owner, "timed out")
+            await self._replica_or_fallback(client_id, machine.owner, "timed out")
             return "ok"
         except _Superseded:
             return self._superseded(client_id, taking)
         except (trio.TooSlowError, HandoffError, OSError, trio.BrokenResourceError) as exc:
-            self._fallback(client_id, machine.owner, str(exc) or type(exc).__name__)
+            await self._replica_or_fallback(client_id, machine.owner, str(exc) or type(exc).__name__)
             return "ok"
         finally:
             if self.taking.get(client_id) is taking:

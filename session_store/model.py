@@ -96,7 +96,8 @@ class Delivery:
     per-message store calls are a few attribute writes instead of building keys and
     records (see `SessionStore`)."""
 
-    __slots__ = ("message", "qos", "retain", "subscription_ids", "seq", "owner", "store_state", "store_disk", "store_gen")
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "seq", "owner", "store_state", "store_disk", "store_gen",
+                 "dup")
 
     # Set by the store before it reads them (no default: most deliveries never need them).
     owner: str  # the client id whose store record this is
@@ -113,6 +114,9 @@ class Delivery:
         # `store_state` are set by the store before they are read.)
         self.store_disk = -1
         self.store_gen = 0
+        # May have been sent already: queued in a copy taken from a replica, which may
+        # have missed its move into the owner's in-flight window (sent with DUP=1).
+        self.dup = False
 
 
 class InflightEntry:

@@ -70,7 +70,7 @@ import struct
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from mqtt import Will
 from session_store import records
@@ -244,6 +244,24 @@ def _nothing() -> None:
     """The default `on_dirty`: no committer to wake (a store used without a node)."""
 
 
+class SessionTap(Protocol):
+    """Told every change to a stored session, after the store recorded it (its
+    `write_epoch` is the change's epoch): session replication (`replication/`) streams
+    them to the session's replicas.  `state` of a delivery is its store state
+    (`delivery_state`, or `NO_RECORD` once it is gone)."""
+
+    def session_changed(self, client_id: str, expiry_interval: int, protocol_level: int,
+                        disconnected_at: float | None, next_seq: int) -> None: ...
+
+    def session_deleted(self, client_id: str) -> None: ...
+
+    def subscription_changed(self, client_id: str, topic_filter: str, options: SubscriptionOptions | None) -> None: ...
+
+    def delivery_changed(self, client_id: str, delivery: Delivery, state: int) -> None: ...
+
+    def qos2_in_changed(self, client_id: str, packet_id: int, present: bool) -> None: ...
+
+
 class SessionStore(ABC):
     """Record changes into a batch; commit batches off-thread; load everything at start."""
 
@@ -267,6 +285,45 @@ class SessionStore(ABC):
         # whether they were already pending at the previous tick (due at this one).
         self._batch_epoch = 0
         self._batch_aged = False
+        # Session replication: told every session change (`on_session_change`), and in
+        # `sync` replication it holds `durable_epoch` below the oldest change a live
+        # replica has not confirmed (`hold_durable`), so every acknowledgement that waits
+        # for durability waits for the replicas too.  `local_durable_epoch` is this
+        # node's disk alone (what the committer and a replica's own confirmations need).
+        self._tap: SessionTap | None = None
+        self.local_durable_epoch = 0
+        self._replicated_floor: int | None = None
+        self._local_waiters: list[tuple[int, Callable[[], None]]] = []
+
+    def on_session_change(self, tap: SessionTap | None) -> None:
+        """Tell `tap` every change to a stored session from now on (one tap per store;
+        None: no one)."""
+        self._tap = tap
+
+    @property
+    def replicated_floor(self) -> int | None:
+        """What `hold_durable` holds `durable_epoch` at (None: nothing waits for replicas)."""
+        return self._replicated_floor
+
+    def hold_durable(self, floor: int | None) -> None:
+        """Every change up to `floor` is on the replicas that must have it (None: none
+        is waited for): `durable_epoch` does not pass it."""
+        self._replicated_floor = floor
+        self._settle()
+
+    def when_locally_durable(self, epoch: int, callback: Callable[[], None]) -> None:
+        """Call `callback` once every change up to `epoch` is on this node's disk
+        (whatever replicas have): a replica confirms what it wrote with this."""
+        if epoch <= self.local_durable_epoch:
+            callback()
+        else:
+            self._local_waiters.append((epoch, callback))
+
+    def _settle(self) -> None:
+        floor = self._replicated_floor
+        durable = self.local_durable_epoch if floor is None or floor >= self.local_durable_epoch else floor
+        if durable > self.durable_epoch:
+            self.durable_epoch = durable
 
     # -- the backend -------------------------------------------------------------------------
 
@@ -386,22 +443,31 @@ class SessionStore(ABC):
         self._other_changes().delete_prefix(cf, prefix)
 
     def _changed(self) -> None:
-        if self.write_epoch == self.durable_epoch:
+        if self.write_epoch == self.local_durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
 
     def has_pending(self) -> bool:
-        return self.write_epoch > self.durable_epoch
+        """Changes not yet on this node's disk (the committer's question)."""
+        return self.write_epoch > self.local_durable_epoch
 
     def mark_durable(self, epoch: int) -> None:
-        if epoch > self.durable_epoch:
-            self.durable_epoch = epoch
+        if epoch > self.local_durable_epoch:
+            self.local_durable_epoch = epoch
+            self._settle()
+            if self._local_waiters:
+                ready = [cb for e, cb in self._local_waiters if e <= epoch]
+                self._local_waiters = [(e, cb) for e, cb in self._local_waiters if e > epoch]
+                for cb in ready:
+                    cb()
 
     # -- what the broker records -----------------------------------------------------------
 
     def put_session(self, client_id: str, expiry_interval: int, protocol_level: int, disconnected_at: float | None, next_seq: int) -> None:
         self._put("sessions", client_id.encode("utf-8"), records.encode_session, expiry_interval, protocol_level, disconnected_at, next_seq)
         self._changed()
+        if self._tap is not None:
+            self._tap.session_changed(client_id, expiry_interval, protocol_level, disconnected_at, next_seq)
 
     def delete_session(self, client_id: str) -> None:
         """Remove every record of one session."""
@@ -422,14 +488,20 @@ class SessionStore(ABC):
                 window.tomb_owners = [o for o, _ in kept]
                 window.tomb_seqs = [q for _, q in kept]
         self._changed()
+        if self._tap is not None:
+            self._tap.session_deleted(client_id)
 
     def put_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
         self._put("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"), records.encode_subscription, options)
         self._changed()
+        if self._tap is not None:
+            self._tap.subscription_changed(client_id, topic_filter, options)
 
     def delete_subscription(self, client_id: str, topic_filter: str) -> None:
         self._delete("subscriptions", session_prefix(client_id) + topic_filter.encode("utf-8"))
         self._changed()
+        if self._tap is not None:
+            self._tap.subscription_changed(client_id, topic_filter, None)
 
     # The delivery calls run for every message to a persistent session: a few attribute
     # writes and, once per commit window, a list append (`_changed` inlined).
@@ -441,9 +513,11 @@ class SessionStore(ABC):
             delivery.store_gen = self._gen
             delivery.owner = client_id
             self._open.deliveries[delivery] = None
-        if self.write_epoch == self.durable_epoch:
+        if self.write_epoch == self.local_durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
+        if self._tap is not None:
+            self._tap.delivery_changed(client_id, delivery, 0)
 
     def put_inflight(self, client_id: str, packet_id: int, delivery: Delivery, state: str) -> None:
         """Store a delivery sent with `packet_id` ('publish' or 'pubrel' sent): replaces
@@ -453,9 +527,11 @@ class SessionStore(ABC):
             delivery.store_gen = self._gen
             delivery.owner = client_id
             self._open.deliveries[delivery] = None
-        if self.write_epoch == self.durable_epoch:
+        if self.write_epoch == self.local_durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
+        if self._tap is not None:
+            self._tap.delivery_changed(client_id, delivery, delivery.store_state)
 
     def delete_delivery(self, client_id: str, delivery: Delivery) -> None:
         """A delivery's record is to go, and the delivery may be stored again (e.g. it
@@ -466,9 +542,11 @@ class SessionStore(ABC):
             delivery.store_gen = self._gen
             delivery.owner = client_id
             self._open.deliveries[delivery] = None
-        if self.write_epoch == self.durable_epoch:
+        if self.write_epoch == self.local_durable_epoch:
             self.on_dirty()
         self.write_epoch += 1
+        if self._tap is not None:
+            self._tap.delivery_changed(client_id, delivery, NO_RECORD)
 
     def release_delivery(self, client_id: str, delivery: Delivery) -> None:
         """A delivery is done for good (acknowledged, dropped, expired) and will never be
@@ -487,9 +565,11 @@ class SessionStore(ABC):
             window = self._open
             window.tomb_owners.append(client_id)
             window.tomb_seqs.append(delivery.seq)
-            if self.write_epoch == self.durable_epoch:
+            if self.write_epoch == self.local_durable_epoch:
                 self.on_dirty()
             self.write_epoch += 1
+        if self._tap is not None:
+            self._tap.delivery_changed(client_id, delivery, NO_RECORD)
 
     @staticmethod
     def forget(delivery: Delivery) -> None:
@@ -500,10 +580,14 @@ class SessionStore(ABC):
     def put_qos2_in(self, client_id: str, packet_id: int) -> None:
         self._put("qos2_in", session_prefix(client_id) + _U16.pack(packet_id), records.encode_value, 1)
         self._changed()
+        if self._tap is not None:
+            self._tap.qos2_in_changed(client_id, packet_id, True)
 
     def delete_qos2_in(self, client_id: str, packet_id: int) -> None:
         self._delete("qos2_in", session_prefix(client_id) + _U16.pack(packet_id))
         self._changed()
+        if self._tap is not None:
+            self._tap.qos2_in_changed(client_id, packet_id, False)
 
     def put_will(self, client_id: str, will: Will, due_at: float | None) -> None:
         self._put("wills", client_id.encode("utf-8"), records.encode_will, will, due_at)

@@ -4,6 +4,10 @@ show it) or None.
 
 Properties (the names are what `meshd simulate --cluster` prints):
 
+survival
+    In a run where one node crashed for good (`--crash`): the delivery property below,
+    after the crash, so every message acknowledged for a persistent session whose node
+    died reaches its client on another node (session replication, `--replicas 2`).
 delivery
     Every QoS >= 1 message acknowledged to its publisher (reason < 0x80) reaches every
     persistent-session subscriber whose matching subscription (granted QoS >= 1) was
@@ -166,7 +170,7 @@ def _disruptions(history: History) -> list[tuple[float, float]]:
         elif word in ("heal", "final") and cut_since is not None:
             out.append((cut_since, e.at))
             cut_since = None
-        elif word == "kill":
+        elif word in ("kill", "crash"):
             killed.setdefault(rest, e.at)
         elif word == "restart" and rest in killed:
             out.append((killed.pop(rest), e.at))
@@ -232,6 +236,18 @@ def check_delivery(history: History, final: FinalState) -> Violation | None:
             return Violation("delivery", f"{msg.msg} (qos {msg.qos}, {msg.topic}, acknowledged at {ack.at:.3f})"
                              f" never reached persistent subscriber {client}", _shown(events))
     return None
+
+
+def check_survival(history: History, final: FinalState) -> Violation | None:
+    """In a run where a node crashed for good (never restarted, its disk gone): every
+    message acknowledged for a persistent session still reaches its client, which
+    resumed the session on another node (from a replica: `session_replicas` >= 2).
+    The delivery property, judged after the crash; a violation here is one that only
+    a replica could have prevented."""
+    if not any(isinstance(e, Fault) and e.what.startswith("crash ") for e in history.events):
+        return None
+    found = check_delivery(history, final)
+    return None if found is None else Violation("survival", found.detail, found.events)
 
 
 def check_metrics(history: History, final: FinalState) -> Violation | None:
@@ -421,7 +437,7 @@ def check_backlog(history: History, final: FinalState) -> Violation | None:
 
 
 CHECKERS: Sequence[Checker] = (
-    check_delivery, check_metrics, check_order, check_duplicates,
+    check_survival, check_delivery, check_metrics, check_order, check_duplicates,
     check_owner, check_routes, check_config, check_backlog,
 )
 

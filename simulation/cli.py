@@ -171,6 +171,9 @@ def cluster_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for each seed's node traces (seed-N/<node>/traces, for meshd report) and history.txt")
     p.add_argument("--buggify", action="append", default=[], choices=FAULTS, metavar="FAULT",
                    help=f"switch a deliberate defect on (repeatable): {', '.join(FAULTS)}")
+    p.add_argument("--replicas", type=int, default=1, help="session_replicas of every node (default 1)")
+    p.add_argument("--crash", action="store_true",
+                   help="one node crashes for good at a random time (never restarted): checked by the survival property")
     p.add_argument("--no-history", action="store_true", help="do not print a violation's event history on stderr")
     return p
 
@@ -195,7 +198,8 @@ def cluster_main(argv: list[str]) -> int:
     violations = 0
     for seed in range(args.seed, args.seed + args.seeds):
         out = Path(args.out) / f"seed-{seed}" if args.out else None
-        result = run_seed(SimSpec(args.nodes, args.clients, args.seconds, seed), buggify=tuple(args.buggify), out_dir=out)
+        spec = SimSpec(args.nodes, args.clients, args.seconds, seed, replicas=args.replicas, crash=args.crash)
+        result = run_seed(spec, buggify=tuple(args.buggify), out_dir=out)
         print(result.line(), flush=True)
         if result.violation is not None:
             violations += 1

@@ -130,6 +130,7 @@ class SimCluster:
         self.net = MemoryNetwork(latency=params.latency, jitter=params.jitter, loss=params.loss,
                                  rng=random.Random(f"{params.seed}:network"), clock=self.clock)
         self.clients: dict[str, SimClient] = {}
+        self.gone: set[str] = set()  # crashed for good (`crash`)
         self._nursery = nursery
         self._handlers: list[Callable[[SimEvent], None]] = []
         self._machines = {nid: self._machine(nid) for nid in self.node_ids}
@@ -262,6 +263,21 @@ class SimCluster:
             node.store.close()
         node.trace.close()
 
+    async def crash(self, node_id: str) -> None:
+        """A kill -9 of a node that never comes back (the machine is gone): its
+        routes, which the others hold for it as for any dead member, no longer count
+        for convergence."""
+        self.gone.add(node_id)
+        await self.kill(node_id)
+
+    def routes_seen(self, node_id: str) -> dict[str, set[str]]:
+        """The node's route table without the routes of members gone for good."""
+        routes = self.cluster(node_id).table.routes()
+        if not self.gone:
+            return routes
+        kept = {f: n - self.gone for f, n in routes.items()}
+        return {f: n for f, n in kept.items() if n}
+
     async def stop(self, node_id: str) -> None:
         """A graceful stop (SIGTERM): the node leaves the cluster, disconnects its
         clients and commits what is pending."""
@@ -333,7 +349,7 @@ class SimCluster:
             not_alive = [o for o in alive if o != nid and gossip.member_state(o) != "alive"]
             if not_alive:
                 gaps.append(f"{nid} does not see {not_alive} alive")
-            routes = self.cluster(nid).table.routes()
+            routes = self.routes_seen(nid)
             if routes != truth:
                 gaps.append(f"{nid}'s routes differ: {_route_diff(routes, truth)}")
         return gaps

@@ -68,6 +68,7 @@ def run_seed(spec: SimSpec, *, buggify: tuple[str, ...] = (), out_dir: Path | No
     schedule = make_schedule(spec)
     params = ClusterParams(
         nodes=spec.nodes, seed=spec.seed, store="memory",
+        settings={"session_replicas": spec.replicas} if spec.replicas != 1 else {},
         data_dir=str(out_dir) if out_dir is not None else None, trace=out_dir is not None,
         time_limit=spec.seconds + QUIET_SECONDS + 4 * SETTLE_TIMEOUT + 120.0,
     )
@@ -120,6 +121,7 @@ class Workload:
         self.conn: dict[str, int] = {}  # client id -> its current connection number
         self.seq: dict[str, int] = {}  # publisher -> sequence number on its connection
         self.failure: Violation | None = None  # the run itself could not go on (no convergence)
+        self.crashed: set[str] = set()  # nodes crashed for good: never restarted
         self._samples: dict[str, tuple[Node, int, dict[str, int]]] = {}
 
     def now(self) -> float:
@@ -170,7 +172,7 @@ class Workload:
     async def _final_heal(self, cluster: SimCluster) -> None:
         cluster.heal()
         for node_id in cluster.node_ids:
-            if cluster.node(node_id) is None:
+            if cluster.node(node_id) is None and node_id not in self.crashed:
                 await cluster.restart(node_id)
         self.history.add(Fault(self.now(), "final heal: every link healed, every node running"))
         await self._settle("the final heal")
@@ -306,7 +308,15 @@ class Workload:
         cluster = self.cluster
         for step in steps:
             await trio.sleep_until(self.t0 + step.at)
-            if step.action == "kill":
+            if step.node in self.crashed:
+                continue
+            if step.action == "crash":
+                if cluster.node(step.node) is not None:
+                    self._sample()
+                    self.history.add(Fault(self.now(), f"crash {step.node}"))
+                    await cluster.crash(step.node)
+                self.crashed.add(step.node)
+            elif step.action == "kill":
                 if cluster.node(step.node) is not None:
                     self._sample()
                     self.history.add(Fault(self.now(), f"kill {step.node}"))
@@ -383,14 +393,16 @@ def _backlog(sim: SimCluster, node_id: str) -> dict[str, int]:
     cluster = _cluster_of(node)
     broker = node.broker
     store = node.store
-    links = list(cluster.links.values())
+    links = [link for peer, link in cluster.links.items() if peer not in sim.gone]
     handoffs = cluster.handoffs
     return {
         "link_queue": sum(len(link.queue) for link in links),
         "link_unacked": sum(len(batch) for link in links for batch in link.unacked.values()),
         "link_requests": sum(len(link.requests) for link in links),
-        "held_messages": sum(cluster.held.counts().values()),
-        "held_members": len(cluster.held.members),
+        # What is held for a member crashed for good stays held (for `netsplit_hold`):
+        # a real cluster cannot tell it from one that comes back.
+        "held_messages": sum(n for m, n in cluster.held.counts().items() if m not in sim.gone),
+        "held_members": len([m for m in cluster.held.members if m not in sim.gone]),
         "handoffs_giving": len(handoffs.giving),
         "handoffs_taking": len(handoffs.taking),
         "ack_waiters": len(broker.ack_waiters),
@@ -407,7 +419,7 @@ async def _node_state(sim: SimCluster, node_id: str) -> NodeState:
     state = NodeState(node_id)
     for cid, session in sorted(broker.sessions.items()):
         state.sessions[cid] = SessionState(session.persistent, cid in broker.connections, frozenset(session.subscriptions))
-    state.routes = {f: tuple(sorted(n)) for f, n in sorted(cluster.table.routes().items())}
+    state.routes = {f: tuple(sorted(n)) for f, n in sorted(sim.routes_seen(node_id).items())}
     state.route_filters = frozenset(f for s in broker.sessions.values() for f in s.subscriptions)
     status, body = await sim.api(node_id, "GET", "/api/v1/config")
     # The settings an operator may change cluster-wide, as each node has them in effect

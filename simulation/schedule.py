@@ -38,6 +38,8 @@ class SimSpec:
     clients: int = 20
     seconds: float = 60.0
     seed: int = 1
+    replicas: int = 1  # session_replicas of every node
+    crash: bool = False  # one node crashes for good (never restarted, its disk gone) at a random time
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,7 @@ class ClientStep:
 @dataclass(frozen=True, slots=True)
 class WorldStep:
     at: float
-    action: str  # "kill", "restart", "cut", "cut_one_way", "heal", "skew", "config"
+    action: str  # "kill", "restart", "cut", "cut_one_way", "heal", "skew", "config", "crash" (for good)
     node: str = ""
     other: str = ""  # the far side of a cut
     key: str = ""
@@ -110,6 +112,13 @@ def make_schedule(spec: SimSpec) -> Schedule:
         schedule.clients.append(ClientPlan(client_id, role, expiry, filters, tuple(order)))
         schedule.steps[client_id] = _client_steps(rng, spec, role, nodes)
     schedule.world = _world_steps(rng, spec, nodes)
+    if spec.crash and spec.seconds > FIRST_FAULT_AT + 4.0:
+        # Drawn apart, so a seed's other steps are the same with and without the crash.
+        crash_rng = random.Random(f"{spec.seed}:crash")
+        at = crash_rng.uniform(FIRST_FAULT_AT + 1.0, spec.seconds * 0.6)
+        schedule.world = _before_crash(schedule.world, at)
+        schedule.world.append(WorldStep(at, "crash", node=crash_rng.choice(nodes)))
+        schedule.world.sort(key=lambda s: s.at)
     return schedule
 
 
@@ -132,6 +141,30 @@ def _client_steps(rng: random.Random, spec: SimSpec, role: str, nodes: list[str]
         else:
             t = next_reconnect
     return steps
+
+
+CRASH_CLEAR = 5.0  # in a run with a crash for good, every other fault is undone this long before it
+
+
+def _before_crash(steps: list[WorldStep], crash_at: float) -> list[WorldStep]:
+    """One node crash and nothing else down: the kills and cuts (each up to its
+    restart or heal) that are not undone `CRASH_CLEAR` before the crash are left out
+    (a cut or a second node down with the crash is a second failure: what one node
+    held for a cut-off member, or the only live copy, goes with it); skews and config
+    changes stay."""
+    kept: list[WorldStep] = []
+    episode: list[WorldStep] = []
+    for step in steps:
+        if step.action in ("kill", "cut", "cut_one_way"):
+            episode.append(step)
+        elif step.action in ("restart", "heal"):
+            if step.at < crash_at - CRASH_CLEAR:
+                kept.extend(episode)
+                kept.append(step)
+            episode = []
+        else:
+            kept.append(step)
+    return kept
 
 
 def _world_steps(rng: random.Random, spec: SimSpec, nodes: list[str]) -> list[WorldStep]:

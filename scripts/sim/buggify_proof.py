@@ -35,6 +35,13 @@ def main(argv: list[str]) -> int:
     from simulation.cluster_sim import run_seed
     from simulation.schedule import SimSpec
 
+    # Faults only a run with two session copies and a node crashed for good can show.
+    crash_faults = {"ack-before-replica"}
+
+    def spec(fault: str, s: int) -> SimSpec:
+        crash = fault in crash_faults
+        return SimSpec(args.nodes, args.clients, args.seconds, s, replicas=2 if crash else 1, crash=crash)
+
     seeds = range(1, args.seeds + 1)
     print(f"{args.nodes} nodes, {args.clients} clients, {args.seconds:g} s, seeds {seeds.start}..{seeds.stop - 1}")
     clean = {s: run_seed(SimSpec(args.nodes, args.clients, args.seconds, s)) for s in seeds}
@@ -44,9 +51,10 @@ def main(argv: list[str]) -> int:
     for fault in args.fault or FAULTS:
         caught = []
         for s in seeds:
-            result = run_seed(SimSpec(args.nodes, args.clients, args.seconds, s), buggify=(fault,))
+            result = run_seed(spec(fault, s), buggify=(fault,))
             if result.violation is not None:
-                caught.append((s, result.violation.prop, clean[s].violation is None))
+                ok = (clean[s] if fault not in crash_faults else run_seed(spec(fault, s))).violation is None
+                caught.append((s, result.violation.prop, ok))
         escaped += not caught
         shown = ", ".join(f"{s}:{prop}{'' if ok else '(fails without it too)'}" for s, prop, ok in caught[:8])
         print(f"{fault}: caught by {len(caught)}/{len(seeds)} seeds ({shown})", flush=True)

@@ -10,7 +10,7 @@ Each finished seed appends one JSON line to the results file (`seed`, `line` as
 where it stopped.  `--max-minutes` bounds the wall time (the seeds under way finish;
 the rest wait for the next run).  At the end: one line per violation, and the totals.
 A violating seed replays alone with `meshd simulate --cluster --seed N --seeds 1` and
-the same --nodes/--clients/--seconds.
+the same --nodes/--clients/--seconds (and --replicas/--crash).
 
 Like the CLI, the script runs itself again with PYTHONHASHSEED=0 (set order inside
 the nodes follows string hashing), so a seed here gives the same result as there.
@@ -29,13 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(job: tuple[int, int, int, float, tuple[str, ...]]) -> dict[str, object]:
+def _run(job: tuple[int, int, int, float, tuple[str, ...], int, bool]) -> dict[str, object]:
     from simulation.cluster_sim import run_seed
     from simulation.schedule import SimSpec
 
-    seed, nodes, clients, seconds, buggify = job
+    seed, nodes, clients, seconds, buggify, replicas, crash = job
     started = time.perf_counter()  # the script's own timing, outside the simulation
-    result = run_seed(SimSpec(nodes, clients, seconds, seed), buggify=buggify)
+    result = run_seed(SimSpec(nodes, clients, seconds, seed, replicas=replicas, crash=crash), buggify=buggify)
     return {"seed": seed, "line": result.line(), "prop": result.violation.prop if result.violation else None,
             "counts": result.counts, "wall_s": round(time.perf_counter() - started, 3)}
 
@@ -48,6 +48,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--buggify", action="append", default=[], metavar="FAULT")
+    p.add_argument("--replicas", type=int, default=1, help="session_replicas of every node (default 1)")
+    p.add_argument("--crash", action="store_true", help="one node crashes for good in every seed (the survival property)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one per core)")
     p.add_argument("--results", default="sim-results.jsonl", help="JSON Lines file, appended to and resumed from")
     p.add_argument("--max-minutes", type=float, default=None, help="stop starting seeds after this long")
@@ -65,7 +67,7 @@ def main(argv: list[str]) -> int:
     todo = [s for s in range(args.seed, args.seed + args.seeds) if s not in done]
     print(f"{len(done)} seeds already in {results}, {len(todo)} to run on {args.jobs} processes", file=sys.stderr)
     deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
-    jobs = ((s, args.nodes, args.clients, args.seconds, tuple(args.buggify)) for s in todo)
+    jobs = ((s, args.nodes, args.clients, args.seconds, tuple(args.buggify), args.replicas, args.crash) for s in todo)
     started = time.monotonic()
     ran = 0
     with results.open("a") as out, multiprocessing.get_context("fork").Pool(args.jobs, maxtasksperchild=200) as pool:

@@ -1,0 +1,253 @@
+"""The replication stream of one session, and the copy a replica builds from it.
+
+Pure: no Trio, no clock, no store.  The owner turns every change its store records for
+a persistent session (`session_store.store.SessionTap`) into a *change*: a CBOR list
+that starts with the session's replication sequence number and a kind:
+
+    [seq, "m", expiry, protocol level, disconnected at, next delivery seq]   the session
+    [seq, "s", filter, options or None]          a subscription set or removed
+    [seq, "d", delivery seq, state, delivery]    a delivery queued (state 0), sent
+                                                 (state code | packet id << 2, see
+                                                 `session_store.store.delivery_state`)
+                                                 or gone (state -1, delivery None)
+    [seq, "q", packet id, present]               an inbound QoS 2 packet id
+    [seq, "x"]                                   the session ended
+    [seq, "n"]                                   nothing (a delivery state a later change
+                                                 in the same batch replaces)
+    [seq, "S", image, queue]                     a snapshot: the whole session
+
+Deliveries travel as `session_store.handoff.delivery_to_wire` (what a handoff sends),
+the image as `image_of` without its in-flight part, which is in the queue list here
+with its state: one list of [state, delivery] in delivery order.
+
+A replica applies changes in sequence order; a gap (or a change for a session it has
+no copy of) asks the owner for a snapshot instead of guessing (`Apply.resync`).  The
+copy keeps wire forms only: a replica never routes a message, it only holds it until
+a takeover turns the copy into a session (`stored_session`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from session_store.handoff import (
+    HandoffError, delivery_from_wire, delivery_to_wire, stored_from_image, subscriptions_to_wire,
+)
+from session_store.model import Delivery, Session, SubscriptionOptions
+from session_store.records import QUEUED
+from session_store.store import NO_RECORD, StoredSession
+
+STATE_NAMES = {1: "publish", 2: "pubrel"}
+# The queue head a takeover marks DUP: the owner may have sent these (moved them into
+# its in-flight window, at most `max_inflight` of them, 32 by default) just before it
+# died, without the replica hearing of it.
+MAYBE_SENT = 64
+
+Change = list[object]
+
+
+def meta_change(seq: int, expiry: int, level: int, disconnected_at: float | None, next_seq: int) -> Change:
+    return [seq, "m", expiry, level, disconnected_at, next_seq]
+
+
+def subscription_change(seq: int, topic_filter: str, options: SubscriptionOptions | None) -> Change:
+    if options is None:
+        return [seq, "s", topic_filter, None]
+    return [seq, "s", topic_filter, [options.qos, options.no_local, options.retain_as_published,
+                                     options.retain_handling, options.subscription_id]]
+
+
+def delivery_change(seq: int, delivery: Delivery, state: int) -> Change:
+    return [seq, "d", delivery.seq, state, None if state == NO_RECORD else delivery_to_wire(delivery)]
+
+
+def qos2_change(seq: int, packet_id: int, present: bool) -> Change:
+    return [seq, "q", packet_id, present]
+
+
+def noop_change(seq: int) -> Change:
+    """A change a later one in the same batch makes moot (a delivery's earlier state)."""
+    return [seq, "n"]
+
+
+def end_change(seq: int) -> Change:
+    return [seq, "x"]
+
+
+def snapshot_change(seq: int, session: Session) -> Change:
+    """The whole session now: what a new or lagging replica starts from."""
+    deliveries: list[list[object]] = [
+        [(2 if entry.state == "pubrel" else 1) | pid << 2, delivery_to_wire(entry.delivery)]
+        for pid, entry in session.inflight.items()
+    ]
+    deliveries.extend([QUEUED, delivery_to_wire(d)] for d in (session.queue if session.queued else ()))
+    image = {
+        "x": session.expiry_interval, "l": session.protocol_level, "d": session.disconnected_at,
+        "n": session.next_seq, "s": subscriptions_to_wire(session.subscriptions),
+        "q2": sorted(session.qos2_in) if session._qos2_in else [],
+    }
+    return [seq, "S", image, deliveries]
+
+
+class ChangeError(ValueError):
+    """A change that cannot be read: the replica asks for a snapshot."""
+
+
+@dataclass
+class ReplicaCopy:
+    """What a replica holds of one session: the owner's wire forms, in memory and (by
+    `replication.service`) on its disk."""
+
+    client_id: str
+    owner: str
+    seq: int = 0
+    stamp: object = None  # the owner's ownership claim stamp (wire form) when it sent
+    expiry: int = 0
+    level: int = 4
+    disconnected_at: float | None = None
+    next_seq: int = 1
+    subscriptions: dict[str, object] = field(default_factory=dict)  # filter -> options (wire)
+    deliveries: dict[int, list[object]] = field(default_factory=dict)  # delivery seq -> [state, delivery]
+    qos2_in: set[int] = field(default_factory=set)
+
+    def header(self) -> dict[str, object]:
+        """Everything but the deliveries (a replica stores those one record each)."""
+        return {"o": self.owner, "s": self.seq, "h": self.stamp, "x": self.expiry, "l": self.level,
+                "d": self.disconnected_at, "n": self.next_seq,
+                "sub": [[f, o] for f, o in sorted(self.subscriptions.items())], "q2": sorted(self.qos2_in)}
+
+    @classmethod
+    def from_header(cls, client_id: str, header: object) -> "ReplicaCopy":
+        if not isinstance(header, dict):
+            raise ChangeError("a replica header is a map")
+        try:
+            return cls(client_id, str(header["o"]), int(header["s"]), header.get("h"), int(header["x"]),
+                       int(header["l"]), None if header["d"] is None else float(header["d"]), int(header["n"]),
+                       {str(f): o for f, o in header["sub"]}, {}, {int(p) for p in header["q2"]})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChangeError(f"bad replica header: {exc}") from None
+
+    def stored_session(self) -> StoredSession:
+        """The session this copy describes, as a takeover installs it: in-flight
+        messages (sent, unacknowledged) are sent again with DUP by the new owner."""
+        stored = StoredSession(self.client_id, expiry_interval=self.expiry, protocol_level=self.level,
+                               disconnected_at=self.disconnected_at, next_seq=self.next_seq,
+                               qos2_in=set(self.qos2_in))
+        try:
+            image = {"x": 0, "l": 4, "n": 1, "s": list(self.subscriptions.items()), "i": [], "q2": []}
+            stored.subscriptions = stored_from_image(self.client_id, image, []).subscriptions
+            for dseq in sorted(self.deliveries):
+                state, wire = self.deliveries[dseq]
+                delivery = delivery_from_wire(wire)
+                if not isinstance(state, int) or state < 0:
+                    raise ChangeError(f"bad delivery state {state!r}")
+                if state == QUEUED:
+                    delivery.dup = len(stored.queue) < MAYBE_SENT
+                    stored.queue.append(delivery)
+                else:
+                    name = STATE_NAMES.get(state & 3)
+                    if name is None or not 1 <= state >> 2 <= 65535:
+                        raise ChangeError(f"bad delivery state {state!r}")
+                    stored.inflight.append((state >> 2, delivery, name))
+        except HandoffError as exc:
+            raise ChangeError(str(exc)) from None
+        return stored
+
+
+@dataclass
+class Applied:
+    """What applying one session's changes did: the delivery records to write or
+    delete, whether the header changed or the copy ended, and whether the replica
+    needs a snapshot (a gap, or changes for a copy it lacks)."""
+
+    copy: ReplicaCopy | None
+    put: list[int] = field(default_factory=list)  # delivery seqs to (re)write
+    deleted: list[int] = field(default_factory=list)  # delivery seqs whose record goes
+    header: bool = False
+    ended: bool = False
+    resync: bool = False
+
+
+def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: object,
+                  changes: Iterable[object]) -> Applied:
+    """Apply one session's changes from `owner` in order; stop at the first gap."""
+    result = Applied(copy)
+    for change in changes:
+        if not isinstance(change, list) or len(change) < 2 or not isinstance(change[0], int):
+            raise ChangeError("a change is [seq, kind, ...]")
+        seq, kind = change[0], change[1]
+        copy = result.copy
+        if kind == "S":
+            if len(change) != 4 or not isinstance(change[2], dict) or not isinstance(change[3], list):
+                raise ChangeError("bad snapshot")
+            image = change[2]
+            if copy is not None:
+                result.deleted.extend(d for d in copy.deliveries if d not in result.deleted)
+            try:
+                fresh = ReplicaCopy(client_id, owner, seq, stamp, int(image["x"]), int(image["l"]),
+                                    None if image["d"] is None else float(image["d"]), int(image["n"]),
+                                    {str(f): o for f, o in image["s"]}, {}, {int(p) for p in image["q2"]})
+                for state, wire in change[3]:
+                    if not isinstance(wire, list) or len(wire) != 5 or not isinstance(wire[4], int):
+                        raise ChangeError("bad snapshot delivery")
+                    fresh.deliveries[wire[4]] = [int(state), wire]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ChangeError(f"bad snapshot: {exc}") from None
+            result.copy = fresh
+            result.put = list(fresh.deliveries)
+            result.deleted = [d for d in result.deleted if d not in fresh.deliveries]
+            result.header, result.ended, result.resync = True, False, False
+            continue
+        if copy is not None and copy.owner == owner and seq <= copy.seq:
+            continue  # in the snapshot it already has
+        if copy is None or copy.owner != owner or seq != copy.seq + 1:
+            result.resync = True
+            return result
+        copy.seq = seq
+        copy.stamp = stamp
+        result.header = True
+        if kind == "n":
+            continue
+        if kind == "d" and len(change) == 5:
+            dseq, state, wire = change[2], change[3], change[4]
+            if not isinstance(dseq, int) or not isinstance(state, int):
+                raise ChangeError("bad delivery change")
+            if state == NO_RECORD:
+                if copy.deliveries.pop(dseq, None) is not None:
+                    result.deleted.append(dseq)
+                    if dseq in result.put:
+                        result.put.remove(dseq)
+            else:
+                if not isinstance(wire, list):
+                    raise ChangeError("bad delivery change")
+                copy.deliveries[dseq] = [state, wire]
+                if dseq not in result.put:
+                    result.put.append(dseq)
+                if dseq in result.deleted:
+                    result.deleted.remove(dseq)
+        elif kind == "m" and len(change) == 6:
+            expiry, level, at, next_seq = change[2:]
+            if not (isinstance(expiry, int) and isinstance(level, int) and isinstance(next_seq, int)
+                    and (at is None or isinstance(at, (int, float)))):
+                raise ChangeError("bad session change")
+            copy.expiry, copy.level, copy.next_seq = expiry, level, next_seq
+            copy.disconnected_at = None if at is None else float(at)
+        elif kind == "s" and len(change) == 4 and isinstance(change[2], str):
+            if change[3] is None:
+                copy.subscriptions.pop(change[2], None)
+            else:
+                copy.subscriptions[change[2]] = change[3]
+        elif kind == "q" and len(change) == 4 and isinstance(change[2], int):
+            if change[3]:
+                copy.qos2_in.add(change[2])
+            else:
+                copy.qos2_in.discard(change[2])
+        elif kind == "x":
+            result.deleted = list(copy.deliveries)
+            result.put = []
+            result.copy = None
+            result.ended = True
+        else:
+            raise ChangeError(f"unknown change {kind!r}")
+    return result

@@ -1,0 +1,829 @@
+"""The Trio driver of session replication: the owner's side, the replica's side, and
+the takeover from a replica.
+
+**Owner.**  The store tells `Replication` every change of a stored session
+(`SessionStore.on_session_change`).  For a session this node owns (by the ownership
+register) and while `session_replicas` > 1, the change gets the session's next
+replication sequence number and joins the queue of each of the session's replicas
+(`placement.replicas_for` over the live members).  One sender task per replica peer
+sends what its queue holds as one batch (a cluster query `repl`, on a stream of its
+own: an older node answers "unknown query" and is left out of placement), waits for
+the answer, and sends the next: group commit over the mesh.  A session new to a peer
+gets a snapshot first (built when it is sent, from the session as it is then).
+
+In `sync` mode the store's `durable_epoch` is held below the oldest change a replica
+has not confirmed (`SessionStore.hold_durable`), so every acknowledgement that waits
+for durability (a publisher's PUBACK/PUBREC, a forwarded batch's `fwd_ack`, a handoff)
+waits for the replicas as well.  A replica that does not answer in `REPLICA_TIMEOUT`
+is marked failed and replaced: its sessions get another member, whose snapshot
+inherits the oldest unconfirmed epoch (the acknowledgements wait for the new copy).
+When fewer members are alive than copies, the session goes on with the copies it can
+have (`under_replicated`, one WARNING per episode): nothing waits for a member that is
+not there.  `async`: nothing is held; `lag` counts the changes not yet confirmed.
+
+**Replica.**  `repl` batches are applied per session in sequence order
+(`changes.apply_changes`): a gap or an unknown session answers "resync" (the owner
+sends a snapshot), never a crash; a sender whose ownership claim is older than the one
+this node knows is answered "stale" (a node back from the dead does not overwrite the
+new owner's copies).  Copies are written to this node's own store (meta records
+`repl/<client id>` and `repld/<client id>/<delivery seq>`), and the answer leaves once
+they are on this node's disk.
+
+**Takeover.**  A CONNECT with clean start 0 whose owner is dead or does not answer
+(`routing.handoff_driver`) asks every live member for its copy's sequence number
+(`repl_seq`), takes the copy with the highest one (`repl_take`), and the handoff
+driver installs it under the claim the CONNECT already made (the register fences it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Protocol
+
+import trio
+
+import faults
+from clock import Clock
+from clock.hlc import HlcTimestamp
+from replication import changes
+from replication.changes import ChangeError, ReplicaCopy
+from replication.placement import replicas_for
+from routing.queries import QueryFailed
+from mqtt.topics import topic_matches
+from session_store.handoff import HandoffError, delivery_from_wire, delivery_to_wire
+from session_store.model import Delivery, Session, SubscriptionOptions
+from session_store.ownership import Claim
+from session_store.store import StoredSession
+
+log = logging.getLogger("meshd.replication")
+
+REPLICA_TIMEOUT = 2.0  # a replica that does not confirm a batch within this is replaced
+FAILED_FOR = 30.0  # ... and left out of placement this long
+TAKEOVER_ASK_TIMEOUT = 1.5  # how long a takeover waits for members to say what copy they hold
+HOUSEKEEPING_INTERVAL = 1.0
+FOLLOW_HELD_FOR = 60.0  # after a takeover, what members hold for the dead owner is fetched this long
+FOLLOW_HELD_EVERY = 2.0
+SNAPSHOTS_PER_ROUND = 200  # re-replication: new copies started per housekeeping round (bounded bandwidth)
+MAX_BATCH = 2000
+BUGGIFY_LAG = 2.0  # ack-before-replica: how far the replicas lag behind (so a crash falls in the gap)  # changes per `repl` request
+SEQ_BASE_SHIFT = 20  # a session's sequence numbers start at wall ms << 20 on each node start
+COLLECT_GRACE_MS = 60_000  # a copy outlived by a newer claim goes this long after the claim
+HEADER_META = "repl/"
+DELIVERY_META = "repld/"
+
+_Entry = tuple[int | None, str, int, str, Any, Any]  # (epoch or None, client id, seq, kind, a, b)
+
+
+class ReplicaQueries(Protocol):
+    """Cluster queries (`routing.queries.MeshQueries`): the replication stream's transport."""
+
+    def handle(self, query: str, handler: Callable[[str, Mapping[str, Any]], Awaitable[object]]) -> None: ...
+
+    async def ask(self, peer: str, query: str, args: Mapping[str, object], timeout: float = ...) -> object: ...
+
+
+class Members(Protocol):
+    def alive_members(self) -> list[str]: ...
+
+
+class SessionsHost(Protocol):
+    """What replication reads of the broker, and how it wakes the acknowledgements."""
+
+    @property
+    def sessions(self) -> dict[str, Session]: ...
+
+    def on_durable(self) -> None: ...
+
+    def merge_session(self, stored: StoredSession, now: float) -> int: ...
+
+
+class ReplicaStore(Protocol):
+    @property
+    def write_epoch(self) -> int: ...
+
+    def put_meta(self, key: str, value: object) -> None: ...
+
+    def delete_meta(self, key: str) -> None: ...
+
+    def when_locally_durable(self, epoch: int, callback: Callable[[], None]) -> None: ...
+
+    def hold_durable(self, floor: int | None) -> None: ...
+
+    def on_session_change(self, tap: Any) -> None: ...
+
+
+class HeldView(Protocol):
+    """What the cluster holds for unreachable members (`routing.held.HeldTraffic`)."""
+
+    @property
+    def members(self) -> Mapping[str, Any]: ...
+
+
+class Claims(Protocol):
+    """The ownership register (`session_store.ownership`), read only."""
+
+    def get(self, client_id: str) -> Claim | None: ...
+
+
+@dataclass
+class ReplicationStats:
+    changes: int = 0  # changes queued for replicas
+    batches: int = 0  # batches confirmed by replicas
+    snapshots: int = 0  # snapshots sent (new, replaced or lagging replicas)
+    replaced: int = 0  # replicas replaced for not answering
+    resyncs: int = 0  # snapshots a replica asked for (a gap)
+    applied: int = 0  # changes applied here as a replica
+    refused_stale: int = 0  # batches refused here: their sender no longer owns the session
+    takeovers: int = 0  # sessions taken over here from a replica
+    under_replicated: int = 0  # sessions owned here with fewer copies than session_replicas
+    degraded_episodes: int = 0
+
+
+@dataclass
+class _Tracked:
+    seq: int
+    replicas: list[str] = field(default_factory=list)
+
+
+class _Peer:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queue: deque[_Entry] = deque()
+        self.sending: list[_Entry] = []
+        self.wake = trio.Event()
+        self.confirmed_seq: dict[str, int] = {}  # per session: the last seq it confirmed
+
+    def oldest(self) -> int | None:
+        epochs = [e[0] for e in self.sending if e[0] is not None]
+        epochs.extend(e[0] for e in self.queue if e[0] is not None)
+        return min(epochs) if epochs else None
+
+
+class Replication:
+    def __init__(self, *, node_id: str, copies: int, mode: str, store: ReplicaStore, broker: SessionsHost,
+                 queries: ReplicaQueries, members: Members, clock: Clock,
+                 recovered_meta: Mapping[str, object] | None = None) -> None:
+        self.node_id = node_id
+        self.copies = copies
+        self.mode = mode
+        self.store = store
+        self.broker = broker
+        self.queries = queries
+        self.members = members
+        self.clock = clock
+        self.claims: Claims | None = None
+        self.held: HeldView | None = None
+        self.stats = ReplicationStats()
+        self.copies_held: dict[str, ReplicaCopy] = {}
+        self._tracked: dict[str, _Tracked] = {}
+        self._peers: dict[str, _Peer] = {}
+        self._failed: dict[str, float] = {}  # peer -> until when it is left out of placement
+        self._floor: int | None = None
+        self._alive: tuple[str, ...] = ()
+        self._seq_base = int(clock.wall() * 1000) << SEQ_BASE_SHIFT
+        self._nursery: trio.Nursery | None = None
+        self._degraded = False
+        self._restore(recovered_meta or {})
+        queries.handle("repl", self._answer_batch)
+        queries.handle("repl_seq", self._answer_seq)
+        queries.handle("repl_take", self._answer_take)
+        queries.handle("repl_drop", self._answer_drop)
+        queries.handle("repl_held", self._answer_held)
+        if copies > 1:
+            store.on_session_change(self)
+
+    # ------------------------------------------------------------ settings
+
+    def use_claims(self, claims: Claims) -> None:
+        """The ownership register, from the handoff driver that keeps it."""
+        self.claims = claims
+
+    def use_held(self, held: HeldView) -> None:
+        """What the cluster holds for unreachable members."""
+        self.held = held
+
+    def set_setting(self, key: str, value: object) -> None:
+        """`session_replicas` or `session_replication` changed cluster-wide."""
+        if key == "session_replicas" and isinstance(value, int):
+            was = self.copies
+            self.copies = value
+            if value > 1 and was <= 1:
+                self.store.on_session_change(self)
+            elif value <= 1 < was:
+                self.store.on_session_change(None)
+                self._tracked.clear()
+                for peer in self._peers.values():
+                    peer.queue.clear()
+            self._alive = ()  # placement again at the next round
+        elif key == "session_replication" and value in ("sync", "async"):
+            self.mode = str(value)
+        self._update_floor()
+        log.info("session replication: %d copies, %s", self.copies, self.mode)
+
+    # ------------------------------------------------------------ the owner's side (the store's tap)
+
+    def _owns(self, client_id: str) -> bool:
+        claims = self.claims
+        if claims is None:
+            return False
+        claim = claims.get(client_id)
+        return claim is not None and claim.owner == self.node_id
+
+    def _candidates(self) -> list[str]:
+        now = self.clock.now()
+        return [m for m in self.members.alive_members() if self._failed.get(m, 0.0) <= now]
+
+    def _track(self, client_id: str) -> _Tracked | None:
+        tracked = self._tracked.get(client_id)
+        if tracked is not None:
+            return tracked
+        if self.copies <= 1 or not self._owns(client_id) or client_id not in self.broker.sessions:
+            return None
+        self._seq_base += 1 << 8  # distinct from any earlier run of this session here
+        tracked = self._tracked[client_id] = _Tracked(self._seq_base)
+        for peer in replicas_for(client_id, self.node_id, self._candidates(), self.copies):
+            self._add_replica(client_id, tracked, peer, None)
+        return tracked
+
+    def _add_replica(self, client_id: str, tracked: _Tracked, peer: str, epoch: int | None) -> None:
+        tracked.replicas.append(peer)
+        self._enqueue(peer, (epoch, client_id, tracked.seq, "S", None, None))
+
+    def _enqueue(self, peer_name: str, entry: _Entry) -> None:
+        peer = self._peers.get(peer_name)
+        if peer is None:
+            peer = self._peers[peer_name] = _Peer(peer_name)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._send_loop, peer)
+        peer.queue.append(entry)
+        peer.wake.set()
+
+    def _change(self, client_id: str, kind: str, a: object, b: object) -> None:
+        tracked = self._track(client_id)
+        if tracked is None:
+            return
+        tracked.seq += 1
+        epoch = self.store.write_epoch
+        self.stats.changes += 1
+        for peer in tracked.replicas:
+            self._enqueue(peer, (epoch, client_id, tracked.seq, kind, a, b))
+        if tracked.replicas and self._floor is None and self.mode == "sync":
+            self._update_floor()
+
+    def session_changed(self, client_id: str, expiry_interval: int, protocol_level: int,
+                        disconnected_at: float | None, next_seq: int) -> None:
+        self._change(client_id, "m", (expiry_interval, protocol_level, disconnected_at), next_seq)
+
+    def session_deleted(self, client_id: str) -> None:
+        tracked = self._tracked.get(client_id)
+        if tracked is None:
+            return
+        self._change(client_id, "x", None, None)
+        del self._tracked[client_id]
+        for peer in self._peers.values():
+            peer.confirmed_seq.pop(client_id, None)
+
+    def subscription_changed(self, client_id: str, topic_filter: str, options: SubscriptionOptions | None) -> None:
+        self._change(client_id, "s", topic_filter, options)
+
+    def delivery_changed(self, client_id: str, delivery: Delivery, state: int) -> None:
+        self._change(client_id, "d", delivery, state)
+
+    def qos2_in_changed(self, client_id: str, packet_id: int, present: bool) -> None:
+        self._change(client_id, "q", packet_id, present)
+
+    def _encode(self, entry: _Entry) -> list[object] | None:
+        _, client_id, seq, kind, a, b = entry
+        if kind == "d":
+            return changes.delivery_change(seq, a, b)
+        if kind == "m":
+            return changes.meta_change(seq, a[0], a[1], a[2], b)
+        if kind == "s":
+            return changes.subscription_change(seq, a, b)
+        if kind == "q":
+            return changes.qos2_change(seq, a, b)
+        if kind == "x":
+            return changes.end_change(seq)
+        session = self.broker.sessions.get(client_id)
+        tracked = self._tracked.get(client_id)
+        if session is None or tracked is None:
+            return None
+        self.stats.snapshots += 1
+        return changes.snapshot_change(tracked.seq, session)
+
+    def _stamp(self, client_id: str) -> object:
+        """This node's own claim on the session (None once another node's is newer)."""
+        claim = self.claims.get(client_id) if self.claims is not None else None
+        return claim.stamp.to_wire() if claim is not None and claim.owner == self.node_id else None
+
+    def _update_floor(self) -> None:
+        """Hold the store's durable epoch below the oldest change a replica has not
+        confirmed (sync mode), and wake the acknowledgements when it moves."""
+        floor: int | None = None
+        if self.mode == "sync" and not faults.ACK_BEFORE_REPLICA:
+            oldest = [o for o in (p.oldest() for p in self._peers.values()) if o is not None]
+            floor = min(oldest) - 1 if oldest else None
+        if floor != self._floor:
+            self._floor = floor
+            self.store.hold_durable(floor)
+            self.broker.on_durable()
+
+    def backlog(self) -> int:
+        """Sessions owned here still short of a copy they could have (re-replication
+        is bounded per round)."""
+        if self.copies <= 1:
+            return 0
+        wanted = min(self.copies - 1, len(self._candidates()) - (1 if self.node_id in self._candidates() else 0))
+        return sum(1 for t in self._tracked.values() if len(t.replicas) < wanted)
+
+    def lag(self) -> int:
+        """Changes not yet confirmed by their replicas (the async mode's lag)."""
+        return sum(len(p.queue) + len(p.sending) for p in self._peers.values())
+
+    async def _send_loop(self, peer: _Peer) -> None:
+        while True:
+            while not peer.queue:
+                peer.wake = trio.Event()
+                await peer.wake.wait()
+            if faults.ACK_BEFORE_REPLICA:
+                await trio.sleep(BUGGIFY_LAG)  # BUGGIFY: the replicas lag behind what was acknowledged
+            if peer.name not in self._alive_set():
+                self._drop_peer(peer, "not alive")
+                continue
+            batch: dict[str, list[object]] = {}
+            order: list[str] = []
+            snapped: dict[str, int] = {}
+            taken: list[_Entry] = []
+            while peer.queue and len(taken) < MAX_BATCH:
+                taken.append(peer.queue.popleft())
+            # A delivery changed again later in the batch (queued, sent, acknowledged):
+            # only its last state is sent, the earlier ones as no-ops (the sequence
+            # stays gapless). A subscriber that keeps up costs one small delete each.
+            last: dict[tuple[str, int], int] = {}
+            for i, entry in enumerate(taken):
+                if entry[3] == "d":
+                    last[(entry[1], entry[4].seq)] = i
+            for i, entry in enumerate(taken):
+                cid, seq = entry[1], entry[2]
+                if cid in snapped and seq <= snapped[cid] and entry[3] != "S":
+                    continue  # the snapshot sent in this batch has it
+                if entry[3] == "d" and last[(cid, entry[4].seq)] != i:
+                    change: list[object] | None = changes.noop_change(seq)
+                else:
+                    change = self._encode(entry)
+                if change is None:
+                    continue
+                if entry[3] == "S":
+                    snapped[cid] = self._tracked[cid].seq
+                if cid not in batch:
+                    batch[cid] = []
+                    order.append(cid)
+                batch[cid].append(change)
+            peer.sending = taken
+            request = [[cid, self._stamp(cid), batch[cid]] for cid in order]
+            try:
+                reply = await self.queries.ask(peer.name, "repl", {"b": request}, timeout=REPLICA_TIMEOUT)
+            except (QueryFailed, OSError, trio.BrokenResourceError) as exc:
+                self._replace(peer, str(exc) or type(exc).__name__)
+                continue
+            peer.sending = []
+            self.stats.batches += 1
+            for entry in taken:
+                if entry[1] in self._tracked:
+                    peer.confirmed_seq[entry[1]] = max(entry[2], peer.confirmed_seq.get(entry[1], 0))
+            resync, stale = _reply_lists(reply)
+            for cid in stale:
+                self.stats.refused_stale += 1
+                log.info("session %s: %s holds a newer claim; not replicating it from here", cid, peer.name)
+                self._tracked.pop(cid, None)
+            for cid in resync:
+                tracked = self._tracked.get(cid)
+                if tracked is not None and peer.name in tracked.replicas:
+                    self.stats.resyncs += 1
+                    epochs = [e[0] for e in taken if e[1] == cid and e[0] is not None]
+                    peer.queue.appendleft((min(epochs) if epochs else None, cid, tracked.seq, "S", None, None))
+            self._update_floor()
+
+    def _alive_set(self) -> set[str]:
+        return set(self.members.alive_members())
+
+    def _drop_peer(self, peer: _Peer, why: str) -> int | None:
+        """Forget what waits for a peer that is gone; return the oldest epoch it held."""
+        oldest = peer.oldest()
+        peer.queue.clear()
+        peer.sending = []
+        for cid, tracked in self._tracked.items():
+            if peer.name in tracked.replicas:
+                tracked.replicas.remove(peer.name)
+        log.debug("replica %s dropped (%s)", peer.name, why)
+        self._alive = ()  # placement again
+        self._place(inherit=oldest)
+        self._update_floor()
+        return oldest
+
+    def _replace(self, peer: _Peer, why: str) -> None:
+        self.stats.replaced += 1
+        self._failed[peer.name] = self.clock.now() + FAILED_FOR
+        log.warning("replica %s did not confirm in time (%s): its sessions get another member", peer.name, why)
+        self._drop_peer(peer, why)
+
+    def _place(self, inherit: int | None = None) -> None:
+        """Bring every tracked session's replicas in line with the live members: new
+        copies start from a snapshot (at most `SNAPSHOTS_PER_ROUND` per round), copies
+        on members no longer chosen are ended there."""
+        candidates = self._candidates()
+        alive = tuple(sorted(candidates))
+        if alive == self._alive and inherit is None:
+            return
+        self._alive = alive
+        started = 0
+        under = 0
+        for cid, tracked in list(self._tracked.items()):
+            if not self._owns(cid):
+                del self._tracked[cid]
+                continue
+            wanted = replicas_for(cid, self.node_id, candidates, self.copies)
+            for peer in [p for p in tracked.replicas if p not in wanted]:
+                tracked.replicas.remove(peer)
+                if peer in candidates:
+                    self._enqueue(peer, (None, cid, tracked.seq, "x", None, None))
+            for peer in wanted:
+                if peer not in tracked.replicas:
+                    if started >= SNAPSHOTS_PER_ROUND:
+                        self._alive = ()  # the rest next round
+                        break
+                    started += 1
+                    self._add_replica(cid, tracked, peer, inherit)
+            if len(tracked.replicas) < self.copies - 1:
+                under += 1
+        self._note_degraded(under)
+
+    def _note_degraded(self, under: int) -> None:
+        self.stats.under_replicated = under
+        if under and not self._degraded:
+            self._degraded = True
+            self.stats.degraded_episodes += 1
+            log.warning("session replication degraded: %d sessions have fewer than %d copies (%d members alive)",
+                        under, self.copies, len(self._alive) + 1)
+        elif not under and self._degraded:
+            self._degraded = False
+            log.info("session replication: every session has its %d copies again", self.copies)
+
+    def _track_untracked(self) -> None:
+        """Sessions owned here that no change has brought in yet (restored at start, or
+        the setting was raised): start their copies, a bounded number per round."""
+        if self.copies <= 1 or self.claims is None:
+            return
+        started = 0
+        for cid, session in self.broker.sessions.items():
+            if session.persistent and cid not in self._tracked and self._owns(cid):
+                if self._track(cid) is not None:
+                    started += 1
+                    if started >= SNAPSHOTS_PER_ROUND:
+                        return
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for peer in self._peers.values():
+                nursery.start_soon(self._send_loop, peer)
+            while True:
+                await trio.sleep(HOUSEKEEPING_INTERVAL)
+                self.housekeeping()
+
+    def housekeeping(self) -> None:
+        alive = self._alive_set()
+        for name, peer in list(self._peers.items()):
+            if name not in alive and (peer.queue or peer.sending or any(name in t.replicas for t in self._tracked.values())):
+                self._drop_peer(peer, "left the live members")
+        self._track_untracked()
+        self._place()
+        self._collect_copies(alive)
+        self._update_floor()
+
+    # ------------------------------------------------------------ the replica's side
+
+    def _restore(self, meta: Mapping[str, object]) -> None:
+        for key, value in meta.items():
+            if key.startswith(HEADER_META):
+                cid = key[len(HEADER_META):]
+                try:
+                    self.copies_held[cid] = ReplicaCopy.from_header(cid, value)
+                except ChangeError as exc:
+                    log.error("ignoring the stored replica of %s: %s", cid, exc)
+        for key, value in meta.items():
+            if key.startswith(DELIVERY_META):
+                cid, _, dseq = key[len(DELIVERY_META):].rpartition("/")
+                copy = self.copies_held.get(cid)
+                if copy is not None and dseq.isdigit() and isinstance(value, list) and len(value) == 2:
+                    copy.deliveries[int(dseq)] = value
+
+    def _persist(self, cid: str, applied: changes.Applied) -> None:
+        store = self.store
+        for dseq in applied.deleted:
+            store.delete_meta(f"{DELIVERY_META}{cid}/{dseq:020d}")
+        if applied.ended or applied.copy is None:
+            store.delete_meta(HEADER_META + cid)
+            return
+        copy = applied.copy
+        for dseq in applied.put:
+            store.put_meta(f"{DELIVERY_META}{cid}/{dseq:020d}", copy.deliveries[dseq])
+        if applied.header:
+            store.put_meta(HEADER_META + cid, copy.header())
+
+    def _drop_copy(self, cid: str) -> None:
+        copy = self.copies_held.pop(cid, None)
+        if copy is not None:
+            self._persist(cid, changes.Applied(None, deleted=list(copy.deliveries), ended=True))
+
+    def _newer_claim(self, cid: str, sender: str, stamp: object) -> bool:
+        """Whether this node knows a claim on `cid` newer than the sender's."""
+        claim = self.claims.get(cid) if self.claims is not None else None
+        if claim is None or claim.owner == sender:
+            return False
+        if stamp is None:
+            return True
+        try:
+            return claim.stamp > HlcTimestamp.from_wire(stamp)
+        except (TypeError, ValueError):
+            return True
+
+    async def _answer_batch(self, peer: str, args: Mapping[str, Any]) -> object:
+        batch = args["b"]
+        if not isinstance(batch, list):
+            raise ValueError("a replication batch is a list")
+        resync: list[str] = []
+        stale: list[str] = []
+        for item in batch:
+            if not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str) or not isinstance(item[2], list):
+                raise ValueError("a batch item is [client id, stamp, changes]")
+            cid, stamp, session_changes = item
+            if self._newer_claim(cid, peer, stamp):
+                stale.append(cid)
+                continue
+            copy = self.copies_held.get(cid)
+            if copy is not None and copy.owner != peer and _older(stamp, copy.stamp):
+                stale.append(cid)
+                continue
+            try:
+                applied = changes.apply_changes(copy, cid, peer, stamp, session_changes)
+            except ChangeError as exc:
+                log.info("replica of %s from %s: %s; asking for a snapshot", cid, peer, exc)
+                resync.append(cid)
+                continue
+            self.stats.applied += len(session_changes)
+            if applied.copy is None:
+                self.copies_held.pop(cid, None)
+            else:
+                self.copies_held[cid] = applied.copy
+            self._persist(cid, applied)
+            if applied.resync:
+                resync.append(cid)
+        await self._locally_durable()
+        return {"r": resync, "x": stale}
+
+    async def _locally_durable(self) -> None:
+        done = trio.Event()
+        self.store.when_locally_durable(self.store.write_epoch, done.set)
+        await done.wait()
+
+    async def _answer_seq(self, peer: str, args: Mapping[str, Any]) -> object:
+        copy = self.copies_held.get(str(args["c"]))
+        return {} if copy is None else {"s": copy.seq, "o": copy.owner, "h": copy.stamp}
+
+    async def _answer_take(self, peer: str, args: Mapping[str, Any]) -> object:
+        copy = self.copies_held.get(str(args["c"]))
+        if copy is None:
+            return {}
+        return {"h": copy.header(), "d": [[dseq, state_wire[0], state_wire[1]] for dseq, state_wire in sorted(copy.deliveries.items())]}
+
+    async def _answer_drop(self, peer: str, args: Mapping[str, Any]) -> object:
+        cid, owner = str(args["c"]), str(args["o"])
+        copy = self.copies_held.get(cid)
+        if copy is not None and copy.owner != owner:
+            self._drop_copy(cid)
+            await self._locally_durable()
+        return {}
+
+    def _collect_copies(self, alive: set[str]) -> None:
+        """Copies whose session another live node owns by a newer claim, or that ended
+        (a released claim newer than the copy), go."""
+        if self.claims is None:
+            return
+        now_ms = int(self.clock.wall() * 1000)
+        for cid, copy in list(self.copies_held.items()):
+            claim = self.claims.get(cid)
+            if claim is None or claim.owner == copy.owner or _older(claim.stamp.to_wire(), copy.stamp):
+                continue
+            # A newer claim by a live node (or a release): after a grace, since the
+            # claim of a takeover spreads before the taker has fetched this copy.
+            if (claim.owner is None or claim.owner in alive or claim.owner == self.node_id) \
+                    and now_ms - claim.stamp.wall_ms > COLLECT_GRACE_MS:
+                self._drop_copy(cid)
+
+    # ------------------------------------------------------------ takeover
+
+    async def copy_for_takeover(self, client_id: str, owner: str) -> StoredSession | None:
+        """The newest copy of `client_id`'s session among the live members (this one
+        included), or None when no member holds one."""
+        # Newest first by the owner's claim (sequence numbers of different owners do
+        # not compare), then by sequence.
+        best: tuple[tuple[HlcTimestamp, int], str] | None = None
+        local = self.copies_held.get(client_id)
+        if local is not None:
+            best = ((_claim_key(local.stamp), local.seq), self.node_id)
+        answers: dict[str, tuple[HlcTimestamp, int]] = {}
+
+        async def ask(peer: str) -> None:
+            try:
+                reply = await self.queries.ask(peer, "repl_seq", {"c": client_id}, timeout=TAKEOVER_ASK_TIMEOUT)
+            except (QueryFailed, OSError, trio.BrokenResourceError):
+                return  # a member that cannot say holds nothing we can take
+            if isinstance(reply, dict) and isinstance(reply.get("s"), int):
+                answers[peer] = (_claim_key(reply.get("h")), reply["s"])
+
+        async with trio.open_nursery() as nursery:
+            for peer in self.members.alive_members():
+                if peer not in (self.node_id, owner):
+                    nursery.start_soon(ask, peer)
+        for peer, key in sorted(answers.items()):
+            if best is None or key > best[0]:
+                best = (key, peer)
+        if best is None:
+            return None
+        (_, seq), holder = best
+        try:
+            if holder == self.node_id:
+                assert local is not None
+                copy = local
+            else:
+                reply = await self.queries.ask(holder, "repl_take", {"c": client_id}, timeout=TAKEOVER_ASK_TIMEOUT * 2)
+                copy = _copy_from_reply(client_id, reply)
+            stored = copy.stored_session()
+        except (QueryFailed, OSError, trio.BrokenResourceError, ChangeError) as exc:
+            log.warning("session %s: the copy on %s could not be taken (%s)", client_id, holder, exc)
+            return None
+        self.stats.takeovers += 1
+        log.info("session %s taken over from the replica on %s (seq %d, %d queued, %d in flight; owner %s unreachable)",
+                 client_id, holder, seq, len(stored.queue), len(stored.inflight), owner)
+        return stored
+
+    async def held_for(self, client_id: str, owner: str,
+                       subscriptions: Mapping[str, SubscriptionOptions]) -> list[Delivery]:
+        """The messages live members (this one too) hold for the dead `owner` that
+        the session's subscriptions match: the owner may never come back for them."""
+        wire_subs = [[f, [o.qos, o.no_local, o.retain_as_published, o.retain_handling, o.subscription_id]]
+                     for f, o in subscriptions.items() if not f.startswith("$share/")]
+        if not wire_subs:
+            return []
+        found: list[list[object]] = list(self._held_matching(owner, wire_subs))
+
+        async def ask(peer: str) -> None:
+            try:
+                reply = await self.queries.ask(peer, "repl_held", {"o": owner, "s": wire_subs},
+                                               timeout=TAKEOVER_ASK_TIMEOUT)
+            except (QueryFailed, OSError, trio.BrokenResourceError):
+                return
+            if isinstance(reply, list):
+                found.extend(item for item in reply if isinstance(item, list))
+
+        async with trio.open_nursery() as nursery:
+            for peer in self.members.alive_members():
+                if peer not in (self.node_id, owner):
+                    nursery.start_soon(ask, peer)
+        out: list[Delivery] = []
+        seen: set[tuple[object, object]] = set()
+        for wire in found:
+            try:
+                delivery = delivery_from_wire(wire)
+            except HandoffError:
+                continue
+            key = (delivery.message.origin, delivery.message.msg_id)
+            if key not in seen:
+                seen.add(key)
+                delivery.seq = 0  # numbered by the session it joins
+                delivery.dup = True  # forwarded to the owner, unacknowledged: it may have sent it
+                out.append(delivery)
+        return out
+
+    def _held_matching(self, owner: str, wire_subs: list[Any]) -> list[list[object]]:
+        held = self.held.members.get(owner) if self.held is not None else None
+        if held is None:
+            return []
+        out: list[list[object]] = []
+        for _, msg, _, _ in held.messages:
+            matching = [o for f, o in wire_subs if isinstance(f, str) and topic_matches(f, msg.topic)]
+            if not matching:
+                continue
+            qos = min(msg.qos, max(int(o[0]) for o in matching))
+            retain = msg.retain and any(bool(o[2]) for o in matching)
+            ids = tuple(int(o[4]) for o in matching if o[4])
+            out.append(delivery_to_wire(Delivery(msg, qos, retain, ids)))
+        return out
+
+    async def _answer_held(self, peer: str, args: Mapping[str, Any]) -> object:
+        subs = args["s"]
+        if not isinstance(subs, list):
+            raise ValueError("subscriptions are a list")
+        return self._held_matching(str(args["o"]), subs)
+
+    def taken_over(self, client_id: str, owner: str) -> None:
+        """This node owns the session now: its own copy goes, and so do the others'
+        (the new replicas get snapshots); what members go on holding for the dead
+        owner (forwards that were on their way to it) is fetched for a while."""
+        self._drop_copy(client_id)
+        if self._nursery is not None:
+            for peer in self.members.alive_members():
+                if peer != self.node_id:
+                    self._nursery.start_soon(self._tell_drop, peer, client_id)
+            self._nursery.start_soon(self._follow_held, client_id, owner)
+
+    async def _follow_held(self, client_id: str, owner: str) -> None:
+        """Forwards a member had sent to the dead owner, unacknowledged, are held for
+        it once the member sees it dead, which may come after the takeover: they are
+        fetched and merged (the session remembers what it had) for `FOLLOW_HELD_FOR`
+        (an owner that is back took what was held for it: nothing is left to fetch)."""
+        until = self.clock.now() + FOLLOW_HELD_FOR
+        while self.clock.now() < until:
+            await trio.sleep(FOLLOW_HELD_EVERY)
+            session = self.broker.sessions.get(client_id)
+            if session is None or not self._owns(client_id):
+                return
+            found = await self.held_for(client_id, owner, dict(session.subscriptions))
+            if found:
+                added = self.broker.merge_session(StoredSession(client_id, queue=found), self.clock.wall())
+                if added:
+                    log.info("session %s: %d messages held for %s merged", client_id, added, owner)
+
+    async def _tell_drop(self, peer: str, client_id: str) -> None:
+        try:
+            await self.queries.ask(peer, "repl_drop", {"c": client_id, "o": self.node_id}, timeout=REPLICA_TIMEOUT)
+        except (QueryFailed, OSError, trio.BrokenResourceError):
+            pass  # the copy there goes at its next collection instead
+
+    # ------------------------------------------------------------ operator
+
+    def describe(self, client_id: str) -> dict[str, Any] | None:
+        """One session's replication as its owner sees it (`meshd ctl sessions show
+        ID`): copies wanted, mode, the epoch (its ownership claim's HLC stamp), its
+        sequence, and per replica the sequence it confirmed and how many changes it
+        lags.  None when the session is not replicated (`session_replicas` 1)."""
+        if self.copies <= 1:
+            return None
+        claim = self.claims.get(client_id) if self.claims is not None else None
+        out: dict[str, Any] = {"copies": self.copies, "mode": self.mode,
+                               "epoch": str(claim.stamp) if claim is not None else None}
+        tracked = self._tracked.get(client_id)
+        if tracked is not None:
+            out["seq"] = tracked.seq
+            replicas = []
+            for p in tracked.replicas:
+                peer = self._peers.get(p)
+                lag = 0 if peer is None else sum(1 for e in (*peer.sending, *peer.queue) if e[1] == client_id)
+                replicas.append({"node": p, "seq": peer.confirmed_seq.get(client_id) if peer else None, "lag": lag})
+            out["replicas"] = replicas
+            out["under_replicated"] = len(tracked.replicas) < self.copies - 1
+        return out
+
+
+_NO_CLAIM = HlcTimestamp(-1, 0, "")
+
+
+def _claim_key(stamp: object) -> HlcTimestamp:
+    try:
+        return HlcTimestamp.from_wire(stamp)
+    except (TypeError, ValueError):
+        return _NO_CLAIM
+
+
+def _older(stamp: object, than: object) -> bool:
+    """Whether claim stamp `stamp` (wire) is older than `than` (wire); unknown is older."""
+    if than is None:
+        return False
+    if stamp is None:
+        return True
+    try:
+        return HlcTimestamp.from_wire(stamp) < HlcTimestamp.from_wire(than)
+    except (TypeError, ValueError):
+        return True
+
+
+def _reply_lists(reply: object) -> tuple[list[str], list[str]]:
+    if not isinstance(reply, dict):
+        return [], []
+    resync = [c for c in reply.get("r", []) if isinstance(c, str)] if isinstance(reply.get("r"), list) else []
+    stale = [c for c in reply.get("x", []) if isinstance(c, str)] if isinstance(reply.get("x"), list) else []
+    return resync, stale
+
+
+def _copy_from_reply(client_id: str, reply: object) -> ReplicaCopy:
+    if not isinstance(reply, dict) or "h" not in reply or not isinstance(reply.get("d"), list):
+        raise ChangeError("no copy there any more")
+    copy = ReplicaCopy.from_header(client_id, reply["h"])
+    for item in reply["d"]:
+        if not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], int):
+            raise ChangeError("bad delivery in a copy")
+        copy.deliveries[item[0]] = [item[1], item[2]]
+    return copy

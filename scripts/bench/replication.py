@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Session replication's cost: fan-in QoS 1 to one persistent subscriber on a 3-node
+meshd cluster on 127.0.0.1, with `session_replicas` 1, 2 (sync) and 2 (async), side by
+side in one run (the configurations alternate, `--reps` times each).
+
+The subscriber (MQTT 5, clean start 0, session expiry 3600) is connected to n0 and
+acknowledges every message; `--publishers` publishers on n1 and n2 keep `--window` QoS 1
+PUBLISHes outstanding each for `--seconds`.  Per run: messages acknowledged per second,
+publish-to-PUBACK latency p50/p99, the three nodes' CPU seconds per 1,000 messages
+(from /proc), and the session store's bytes on disk per node.
+
+    python scripts/bench/replication.py                    # 3 reps x 3 configs, 5 s each
+    python scripts/bench/replication.py --reps 1 --seconds 3
+
+One JSON line per run goes to scripts/bench/results/replication.jsonl (git-ignored).
+Everything stays on 127.0.0.1 and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from handoff import RawClient  # noqa: E402
+from mesh.http_client import request_json  # noqa: E402
+from mqtt import Connack, Puback, Publish, Suback, Subscribe, Subscription  # noqa: E402
+from tests.support import MeshdProcess, start_all  # noqa: E402
+
+CONFIGS = {"1": ("1", "sync"), "2-sync": ("2", "sync"), "2-async": ("2", "async")}
+TOPIC = "bench/repl"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def du(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def start(workdir: str, replicas: str, mode: str) -> list[MeshdProcess]:
+    flags = ("--gossip-preset", "local", "--log-level", "warning", "--session-replicas", replicas,
+             "--session-replication", mode)
+    first = MeshdProcess(os.path.join(workdir, "n0"), *flags, http=True, node_id="n0").start()
+    nodes = [first] + [MeshdProcess(os.path.join(workdir, f"n{i}"), *flags, "--seed", first.gossip_addr, http=True,
+                                    node_id=f"n{i}") for i in (1, 2)]
+    try:
+        start_all(nodes[1:])
+        deadline = time.monotonic() + 60
+        for member in nodes:
+            while True:
+                _, body = request_json(member.http_addr, "GET", "/api/v1/members")
+                if sum(m["state"] == "alive" for m in body["members"]) == 3:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("cluster did not converge")
+                time.sleep(0.1)
+    except BaseException:
+        for member in nodes:
+            member.__exit__()
+        raise
+    return nodes
+
+
+class Publisher(threading.Thread):
+    def __init__(self, port: int, name: str, window: int, until: float) -> None:
+        super().__init__(daemon=True)
+        self.client = RawClient(port, name, clean_start=True, expiry=0)
+        self.window = window
+        self.until = until
+        self.sent: dict[int, float] = {}
+        self.latencies: list[float] = []
+        self.acked = 0
+        self.next_id = 1
+
+    def run(self) -> None:
+        c = self.client
+        c.expect(Connack)
+        while time.monotonic() < self.until:
+            while len(self.sent) < self.window:
+                pid = self.next_id
+                self.next_id = self.next_id % 65535 + 1
+                self.sent[pid] = time.monotonic()
+                c.send(Publish(topic=TOPIC, payload=b"x" * 64, qos=1, packet_id=pid))
+            for p in c.packets(0.05):
+                if isinstance(p, Puback) and p.packet_id in self.sent:
+                    self.latencies.append(time.monotonic() - self.sent.pop(p.packet_id))
+                    self.acked += 1
+        c.close()
+
+
+def subscriber(port: int, stop: threading.Event, got: list[int]) -> None:
+    sub = RawClient(port, "repl-sub", clean_start=False, expiry=3600)
+    sub.expect(Connack)
+    sub.send(Subscribe(packet_id=1, subscriptions=(Subscription(TOPIC, qos=1),)))
+    sub.expect(Suback)
+    got.append(0)
+    while not stop.is_set():
+        for p in sub.packets(0.05):
+            if isinstance(p, Publish):
+                got[0] += 1
+                if p.qos:
+                    sub.send(Puback(packet_id=p.packet_id))
+    sub.close()
+
+
+def one_run(config: str, seconds: float, publishers: int, window: int) -> dict[str, object]:
+    replicas, mode = CONFIGS[config]
+    with tempfile.TemporaryDirectory(prefix="meshd-repl-bench-") as workdir:
+        nodes = start(workdir, replicas, mode)
+        try:
+            stop = threading.Event()
+            got: list[int] = []
+            sub_thread = threading.Thread(target=subscriber, args=(nodes[0].port, stop, got), daemon=True)
+            sub_thread.start()
+            while not got:
+                time.sleep(0.05)
+            # Every node routes the filter to n0 before the load starts.
+            deadline = time.monotonic() + 30
+            for n in nodes[1:]:
+                while True:
+                    _, body = request_json(n.http_addr, "GET", "/api/v1/routes")
+                    if any(r["filter"] == TOPIC for r in body["routes"]):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("route did not converge")
+                    time.sleep(0.05)
+            time.sleep(1.0)  # the session's first snapshot reached its replica
+            cpu0 = sum(cpu_seconds(n.proc.pid) for n in nodes if n.proc is not None)
+            started = time.monotonic()
+            until = started + seconds
+            pubs = [Publisher(nodes[1 + i % 2].port, f"repl-pub-{i}", window, until) for i in range(publishers)]
+            for p in pubs:
+                p.start()
+            for p in pubs:
+                p.join(seconds + 30)
+            elapsed = time.monotonic() - started
+            cpu = sum(cpu_seconds(n.proc.pid) for n in nodes if n.proc is not None) - cpu0
+            stop.set()
+            sub_thread.join(10)
+            acked = sum(p.acked for p in pubs)
+            lat = sorted(x for p in pubs for x in p.latencies)
+            disk = {n.node_id: du(os.path.join(n.data_dir, "sessions")) for n in nodes}
+        finally:
+            for n in nodes:
+                n.__exit__()
+    return {"config": config, "acked": acked, "msg_per_s": round(acked / elapsed, 1),
+            "p50_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
+            "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 2) if lat else None,
+            "cpu_ms_per_1000": round(cpu / max(acked, 1) * 1e6, 1), "disk_bytes": disk,
+            "loadavg": os.getloadavg()[0]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--publishers", type=int, default=4)
+    p.add_argument("--window", type=int, default=50)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    args = p.parse_args()
+    out = ROOT / "scripts" / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, list[dict[str, object]]] = {c: [] for c in args.configs.split(",")}
+    with (out / "replication.jsonl").open("a") as f:
+        for rep in range(args.reps):
+            for config in rows:
+                row = one_run(config, args.seconds, args.publishers, args.window)
+                row["rep"] = rep
+                print(json.dumps(row), flush=True)
+                f.write(json.dumps(row) + "\n")
+                rows[config].append(row)
+    base = statistics.median(float(str(r["msg_per_s"])) for r in rows.get("1", [])) if rows.get("1") else None
+    print("\nconfig     msg/s (median)  x of 1   p50 ms  p99 ms  CPU ms/1000 msg")
+    for config, runs in rows.items():
+        rate = statistics.median(float(str(r["msg_per_s"])) for r in runs)
+        ratio = f"{rate / base:.2f}" if base else "-"
+        p50 = statistics.median(float(str(r["p50_ms"])) for r in runs)
+        p99 = statistics.median(float(str(r["p99_ms"])) for r in runs)
+        cpu = statistics.median(float(str(r["cpu_ms_per_1000"])) for r in runs)
+        print(f"{config:<10} {rate:>14.0f}  {ratio:>6}  {p50:>7.2f} {p99:>7.2f}  {cpu:>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The replication stream of one session and the copy a replica builds from it (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqtt import EMPTY_PROPERTIES
+from replication import changes
+from replication.changes import ReplicaCopy, apply_changes
+from session_store.model import Delivery, InflightEntry, Message, Session, SubscriptionOptions
+from session_store.store import NO_RECORD, delivery_state
+
+
+def delivery(seq: int, qos: int = 1) -> Delivery:
+    d = Delivery(Message(f"t/{seq}", f"m{seq}".encode(), qos, False, EMPTY_PROPERTIES, msg_id=seq, origin="n9"), qos,
+                 False, ())
+    d.seq = seq
+    return d
+
+
+def test_changes_in_order_build_the_session_and_a_takeover_gets_it_back() -> None:
+    stream = [
+        changes.meta_change(11, 3600, 5, 100.0, 1),
+        changes.subscription_change(12, "t/#", SubscriptionOptions(1, no_local=True)),
+        changes.delivery_change(13, delivery(1), delivery_state(None)),
+        changes.delivery_change(14, delivery(2), delivery_state(None)),
+        changes.delivery_change(15, delivery(3, qos=2), delivery_state(None)),
+        changes.delivery_change(16, delivery(1), delivery_state("publish", 7)),  # sent with packet id 7
+        changes.delivery_change(17, delivery(3, qos=2), delivery_state("pubrel", 9)),
+        changes.qos2_change(18, 42, True),
+        changes.delivery_change(19, delivery(2), NO_RECORD),  # acknowledged
+        changes.noop_change(20),
+    ]
+    first = ReplicaCopy("c", "n0", seq=10)
+    result = apply_changes(first, "c", "n0", None, stream)
+    assert not result.resync and result.copy is not None
+    stored = result.copy.stored_session()
+    assert (stored.expiry_interval, stored.protocol_level, stored.disconnected_at) == (3600, 5, 100.0)
+    assert stored.subscriptions == {"t/#": SubscriptionOptions(1, no_local=True)}
+    assert [(pid, d.message.payload, state) for pid, d, state in stored.inflight] == [(7, b"m1", "publish"),
+                                                                                      (9, b"m3", "pubrel")]
+    assert stored.queue == [] and stored.qos2_in == {42}
+    assert result.copy.seq == 20
+    assert sorted(result.put) == [1, 3] and result.deleted == [2]
+
+
+def test_a_gap_or_an_unknown_session_asks_for_a_snapshot_and_a_snapshot_starts_over() -> None:
+    copy = ReplicaCopy("c", "n0", seq=5)
+    assert apply_changes(copy, "c", "n0", None, [changes.qos2_change(7, 1, True)]).resync  # 6 is missing
+    assert apply_changes(None, "c", "n0", None, [changes.qos2_change(1, 1, True)]).resync
+    # Another owner's change for a copy held for n0: a snapshot is needed first.
+    assert apply_changes(copy, "c", "n1", None, [changes.qos2_change(6, 1, True)]).resync
+    session = Session("c", persistent=True, expiry_interval=60)
+    session.subscriptions["a/b"] = SubscriptionOptions(2)
+    session.inflight[3] = InflightEntry(delivery(8), "publish")
+    session.queue.append(delivery(9))
+    result = apply_changes(copy, "c", "n1", None, [changes.snapshot_change(30, session), changes.qos2_change(31, 5, True)])
+    assert not result.resync and result.copy is not None and result.copy.owner == "n1" and result.copy.seq == 31
+    stored = result.copy.stored_session()
+    assert [pid for pid, _, _ in stored.inflight] == [3]
+    # The queue head may have been sent by the dead owner without the replica knowing.
+    assert [d.message.payload for d in stored.queue] == [b"m9"] and stored.queue[0].dup
+    # Already in the snapshot: skipped, not a gap.
+    assert not apply_changes(result.copy, "c", "n1", None, [changes.qos2_change(30, 6, True)]).resync
+
+
+def test_the_end_of_a_session_removes_the_copy_and_bad_input_raises_change_error() -> None:
+    copy = ReplicaCopy("c", "n0", seq=1, deliveries={4: [0, changes.delivery_change(0, delivery(4), 0)[4]]})
+    result = apply_changes(copy, "c", "n0", None, [changes.end_change(2)])
+    assert result.ended and result.copy is None and result.deleted == [4]
+    with pytest.raises(changes.ChangeError):
+        apply_changes(copy, "c", "n0", None, ["nonsense"])
+    with pytest.raises(changes.ChangeError):
+        apply_changes(ReplicaCopy("c", "n0", seq=1), "c", "n0", None, [[2, "?"]])
+
+
+def test_the_header_round_trips() -> None:
+    copy = ReplicaCopy("c", "n0", seq=9, stamp=[1, 2, "n0"], expiry=30, subscriptions={"x": [1, False, False, 0, None]},
+                       qos2_in={3})
+    again = ReplicaCopy.from_header("c", copy.header())
+    assert again == copy
