@@ -97,7 +97,7 @@ CAUGHT_BY = {
     "forget-route": (1, "liveness"),  # the route tables never converge to the truth
     "stale-owner": (2, "owner"),  # the copy it keeps is a second holder after the heal
     # On the CI cluster with 2 session copies and one node crashed for good (`CRASH`).
-    "ack-before-replica": (12, "survival"),
+    "ack-before-replica": (49, "survival"),
 }
 # Faults that only a run with replicas and a crash can show.
 CRASH = {"ack-before-replica"}
