@@ -937,6 +937,12 @@ class Handoffs:
                 reply = await self.cluster.ask(owner, "ho_push", fields, STEP_TIMEOUT)
                 if not reply.get("ok"):
                     log.info("%s would not merge session %s: %s", owner, cid, reply.get("why"))
+                    if reply.get("why") == "ended":
+                        # The session it held ended there; the client started a new one
+                        # since: what this copy holds went with the old one.
+                        self.broker.discard_session(cid, self.clock.wall())
+                        self._stop_remembering(cid)
+                        self._forget_moved(cid)
                     return
                 moved = self.moved.get(cid)
                 if moved is not None and moved.taker == owner and "marks" in reply:
@@ -975,6 +981,11 @@ class Handoffs:
         if self.register.owner(cid) != self.node_id:
             self._incoming.pop(key, None)
             return "ho_state", {"ok": False, "why": "not the owner"}
+        if cid in self.broker.sessions and cid not in self._remember_until:
+            # A session started afresh here (its CONNECT found none: the one this copy
+            # belongs to ended, say it expired), not one whose copies may be merged.
+            self._incoming.pop(key, None)
+            return "ho_state", {"ok": False, "why": "ended"}
         img, queue = self._incoming.pop(key, (frame.get("img"), []))
         if img is None:
             img = {"x": 0, "l": 5, "n": 1, "s": [], "i": [], "q2": []}  # a late chunk: queue only

@@ -103,6 +103,19 @@ def test_a_copy_whose_expiry_falls_in_a_split_is_merged_where_its_client_resumed
     assert simulate_seed(3, 6, 15, 141) == "seed=141 ok"
 
 
+def test_a_copy_relayed_for_a_session_that_ended_is_not_merged_into_its_successor() -> None:
+    # Seed 2 of 5 nodes, 20 clients, 60 s: s2 moved from n4 to n1 (n4 keeps relaying
+    # late forwards for it); its session expired on n1 (its client stayed away longer
+    # than the 8 s), and the client's next CONNECT, on n2, started a new one.  n4 went
+    # on relaying what reached it late for the old session into a copy, pushed it to n2
+    # (the owner now) and n2 merged it into the new session: p5/3/2, which the new
+    # session had had directly, came a second time.  Seed 55: the same.  An owner now
+    # refuses a copy for a session that started afresh there (not one whose copies may
+    # be merged: no fallback, no takeover), and the pusher drops it.
+    assert simulate_seed(5, 20, 60, 2) == "seed=2 ok"
+    assert simulate_seed(5, 20, 60, 55) == "seed=55 ok"
+
+
 # ------------------------------------------------- what a session was given, across a restart
 
 
