@@ -417,7 +417,13 @@ async def _node_state(sim: SimCluster, node_id: str) -> NodeState:
     cluster = _cluster_of(node)
     broker = node.broker
     state = NodeState(node_id)
+    # A session past its expiry kept for a member that may have resumed it
+    # (routing/contact.py) is no holder: with a member crashed for good it is kept
+    # until `held_max_age`, beyond the quiet period.
+    kept = broker.expired_while_down if sim.gone else {}
     for cid, session in sorted(broker.sessions.items()):
+        if cid in kept:
+            continue
         state.sessions[cid] = SessionState(session.persistent, cid in broker.connections, frozenset(session.subscriptions))
     state.routes = {f: tuple(sorted(n)) for f, n in sorted(sim.routes_seen(node_id).items())}
     state.route_filters = frozenset(f for s in broker.sessions.values() for f in s.subscriptions)
