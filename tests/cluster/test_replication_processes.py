@@ -28,8 +28,10 @@ def test_500_acknowledged_messages_survive_kill9_of_the_owner(tmp_path):
         pub = Client("rep-pub", version=5)
         pub.connect(b.port)
         started = time.monotonic()
-        for i in range(QUEUED):
-            pub.publish("rep/q", str(i).encode(), qos=1)  # returns once PUBACKed
+        sent = [pub.publish("rep/q", str(i).encode(), qos=1, wait=False) for i in range(QUEUED)]
+        for info in sent:
+            info.wait_for_publish(30)  # every one PUBACKed
+            assert info.is_published()
         publish_s = time.monotonic() - started
         a.kill()
         wait_for(lambda: view(c).get("A") != "alive", timeout=30, what="C sees A dead")
