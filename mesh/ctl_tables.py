@@ -78,7 +78,7 @@ def _expiry(seconds: int) -> str:
 def format_client(body: dict[str, Any]) -> str:
     """`meshd ctl clients show ID`: the client's fields, then its subscriptions and the
     first inflight and queued messages."""
-    skip = {"subscriptions", "inflight", "mqueue", "missing"}
+    skip = {"subscriptions", "inflight", "mqueue", "missing", "replication"}
     width = max(len(k) for k in body if k not in skip)
     lines = [f"{k:<{width}}  {_cell(v)}" for k, v in body.items() if k not in skip]
     lines += ["", "subscriptions:", _indent(format_subscription_rows(body.get("subscriptions", [])))]
@@ -88,6 +88,13 @@ def format_client(body: dict[str, Any]) -> str:
                                                   for m in body["inflight"]]))]
     if body.get("mqueue"):
         lines += ["", "queued:", _indent(table(("TOPIC", "QOS"), [(m["topic"], m["qos"]) for m in body["mqueue"]]))]
+    rep = body.get("replication")
+    if isinstance(rep, dict):
+        # Session replication (README "Session replication"): as its owner sees it.
+        lines += ["", "replication:"]
+        lines += [f"  {k:<16}  {_cell(rep.get(k))}" for k in ("copies", "mode", "epoch", "seq", "under_replicated")]
+        lines.append(_indent(table(("REPLICA", "SEQ", "LAG"),
+                                   [(r["node"], _cell(r.get("seq")), r.get("lag")) for r in rep.get("replicas", [])])))
     lines += _footer(body, "", paged=False)
     return "\n".join(lines)
 
