@@ -349,6 +349,11 @@ class Handoffs:
 
     async def _prepare(self, client_id: str, clean_start: bool, persistent: bool) -> str:
         previous = self.register.get(client_id)
+        expired_at = self.broker.expired_while_down.get(client_id)
+        if expired_at is not None and not self.claimed_elsewhere(client_id, expired_at):
+            # A copy kept past its expiry, which no resume elsewhere claimed in time:
+            # its session ended; it is no part of the one this CONNECT opens or takes.
+            self.broker.discard_session(client_id, self.clock.wall())
         claim = self.register.claim(client_id, self._wall_ms(), clean=clean_start)
         self._announce(claim)
         giving = self.giving.pop(client_id, None)

@@ -101,6 +101,12 @@ def test_a_copy_whose_expiry_falls_in_a_split_is_merged_where_its_client_resumed
     # claims have spread (routing/contact.py), and pushed there.
     assert simulate_seed(3, 6, 15, 303) == "seed=303 ok"
     assert simulate_seed(3, 6, 15, 141) == "seed=141 ok"
+    # Seed 10 of 5 nodes, 20 clients, 60 s: a copy kept so (a member was down) that no
+    # resume claimed in time kept taking messages, and its
+    # client's next CONNECT on that node merged it into the session taken from the
+    # owner: p5/3/21 from the dead copy came before p5/3/1 and p5/3/2 from the live one.
+    # A CONNECT now drops such a copy first.
+    assert simulate_seed(5, 20, 60, 10) == "seed=10 ok"
 
 
 def test_a_copy_relayed_for_a_session_that_ended_is_not_merged_into_its_successor() -> None:
