@@ -12,6 +12,14 @@ the rest wait for the next run).  At the end: one line per violation, and the to
 A violating seed replays alone with `meshd simulate --cluster --seed N --seeds 1` and
 the same --nodes/--clients/--seconds (and --replicas/--crash).
 
+Issue 20's long run is the CI cluster (CI runs its seeds 1-50 in
+tests/simulation/test_cluster_sim.py) over 10,000 seeds, niced beside other work:
+
+    nice -n 10 scripts/sim/run_seeds.py --nodes 3 --clients 6 --seconds 15 \
+        --seeds 10000 --seed 1 --results sim-10k.jsonl --max-minutes 60
+
+run again (the same command) until it prints `10000 seeds, V violations`.
+
 Like the CLI, the script runs itself again with PYTHONHASHSEED=0 (set order inside
 the nodes follows string hashing), so a seed here gives the same result as there.
 """
