@@ -4,8 +4,9 @@ A cold Spark driver spends about a fifth of a small report's CPU loading classes
 searching the 280 jars for each one, parsing and verifying it. Java 17 writes the
 classes a run loaded into an archive when it exits (``-XX:ArchiveClassesAtExit``)
 and maps that archive at the next start (``-XX:SharedArchiveFile``). So the first
-report on a machine writes the archive (a few seconds more, after its outputs are
-written) and later ones map it.
+report on a machine writes the archive (recording and writing it cost that run
+about 20 CPU-seconds more, mostly after its outputs are written) and later ones map
+it.
 
 The archive (about 180 MB) sits in ``$XDG_CACHE_HOME/meshd`` (``~/.cache/meshd``)
 under a name made from the Java and Spark installation it was made with; another

@@ -84,8 +84,8 @@ def _start(
 
 def finish_session(spark: SparkSession) -> None:
     """Done with Spark in this process. When the driver JVM is to write the class
-    archive, stop it now and wait for it (the first report on a machine: a few
-    seconds), so the archive is complete before it gets its final name; otherwise
+    archive, stop it now and wait for it (the first report on a machine: it
+    writes about 180 MB), so the archive is complete before it gets its final name; otherwise
     nothing (the JVM goes when this process does)."""
     global _writing_archive
     archive, _writing_archive = _writing_archive, None
