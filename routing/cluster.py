@@ -49,6 +49,10 @@ log = logging.getLogger("meshd.cluster")
 ROUTE_FLUSH_DELAY = 0.02  # coalesce route changes made in one burst into one delta
 ROUTE_CHUNK_BYTES = 900  # route broadcasts must fit a gossip packet with room to spare
 ANTI_ENTROPY_INTERVAL = 5.0
+# Filters per `routes` answer when the asker says it takes part answers (`max` in its
+# `routes_req`; it asks again while the answer says `more`): a whole table of a
+# million routes in one frame would pass the frame limit (`gossip.wire.MAX_FRAME`, 8 MiB).
+ROUTES_REPLY_FILTERS = 50_000
 HELD_EXPIRY_INTERVAL = 5.0
 RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
@@ -378,9 +382,11 @@ class Cluster:
     def _pull_routes(self, peer: str) -> None:
         if peer == self.node_id or self._nursery is None:
             return
-        self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.digest())}, self._on_routes_reply)
+        self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.digest()), "max": ROUTES_REPLY_FILTERS},
+                                 functools.partial(self._on_routes_reply, peer))
 
-    def _on_routes_reply(self, frame: Frame) -> None:
+    def _on_routes_reply(self, peer: str, frame: Frame) -> None:
+        taken = 0
         for snap_wire in frame.get("snaps", ()):
             try:
                 snap = RouteSnapshot.from_wire(snap_wire)
@@ -389,6 +395,9 @@ class Cluster:
                 continue
             if not self._gone(snap.origin):
                 self.table.apply_snapshot(snap)
+                taken += 1
+        if frame.get("more") is True and taken:
+            self._pull_routes(peer)  # the rest of what it holds newer (our digest moved on)
 
     def _pull_retained(self, peer: str) -> None:
         if self._nursery is None:
@@ -422,8 +431,10 @@ class Cluster:
         if kind.startswith("ho_"):
             return self.handoffs.answer(peer, frame)
         if kind == "routes_req":
-            snaps = self.table.snapshots_newer_than(digest_from_wire(frame["d"]))
-            return "routes", {"snaps": [s.to_wire() for s in snaps]}
+            limit = frame.get("max")  # absent from older versions: everything in one answer
+            snaps, more = self.table.snapshots_newer_than(digest_from_wire(frame["d"]),
+                                                          limit if isinstance(limit, int) and limit > 0 else None)
+            return "routes", {"snaps": [s.to_wire() for s in snaps], **({"more": True} if more else {})}
         if kind == "retained_req":
             now = self.clock.wall()
             msgs = [records.message_map(m) for _, m in self.broker.retained.items() if not m.expired(now) and not m.topic.startswith("$")]

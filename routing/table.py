@@ -317,14 +317,22 @@ class RouteTable:
         out[self.node_id] = OriginDigest(self.local.epoch, self.local.version, self.local.hash)
         return out
 
-    def snapshots_newer_than(self, peer_digest: Mapping[str, OriginDigest]) -> list[RouteSnapshot]:
-        """What a peer with `peer_digest` lacks: snapshots of origins we hold newer."""
-        out = []
+    def snapshots_newer_than(self, peer_digest: Mapping[str, OriginDigest],
+                             max_filters: int | None = None) -> tuple[list[RouteSnapshot], bool]:
+        """What a peer with `peer_digest` lacks: snapshots of origins we hold newer, and
+        whether some were left out to keep the answer under `max_filters` filters (at
+        least one snapshot goes, whatever its size: a snapshot is never split)."""
+        out: list[RouteSnapshot] = []
+        filters = 0
         for origin, (epoch, version, _) in self.digest().items():
             theirs = peer_digest.get(origin)
             if theirs is None or (epoch, version) > (theirs.epoch, theirs.version):
+                size = len(self.local.filters if origin == self.node_id else self.remote[origin].filters)
+                if out and max_filters is not None and filters + size > max_filters:
+                    return out, True
                 out.append(self.snapshot_of(origin))
-        return out
+                filters += size
+        return out, False
 
     def behind(self, peer_digest: Mapping[str, OriginDigest]) -> list[str]:
         """Origins (other than this node) of which a peer holds a newer state than we do."""

@@ -17,6 +17,7 @@ broker strips the prefix and stores `(group, ...)` values under the plain filter
 
 from __future__ import annotations
 
+from sys import intern
 from typing import Generic, Iterator, TypeVar
 
 __all__ = ["TopicTrie"]
@@ -60,6 +61,10 @@ class TopicTrie(Generic[V]):
         for level in topic_filter.split("/"):
             child = node.children.get(level)
             if child is None:
+                # Interned: the same level name ("dev", "temp", a site number) recurs in
+                # thousands of filters; one string for all of them (about 50 bytes a
+                # node at a million routes).
+                level = intern(level)
                 child = _Node(node, level)
                 node.children[level] = child
             node = child

@@ -9,6 +9,15 @@ the route took to reach that node (plus one forward).
 
     python scripts/bench/route_convergence.py --nodes 10 --rounds 20
     python scripts/bench/route_convergence.py --nodes 10 --rounds 20 --preset local
+    python scripts/bench/route_convergence.py --nodes 10 --rounds 10 --preload 1000000 --join
+
+With `--preload N`, before the rounds every node gets N/nodes distinct subscriptions
+(`route_scale.node_filters`: one in five a wildcard) from one client, in SUBSCRIBEs of
+1,000 filters, and the run waits until every node's `meshd_routes` gauge shows all N
+(the seconds that took, and each node's resident memory then, go into the line); the
+rounds then time a route delta at that table size. With `--join`, after the rounds a
+new node starts (seeded with node 0) and the time from its start until its own table
+holds all N routes is measured: how long a new node takes to receive the whole table.
 
 Prints median and p99 (seconds) and writes one JSON line per run to
 scripts/bench/results/route_convergence.jsonl (git-ignored; a result lands in RESULTS.md
@@ -26,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +43,11 @@ sys.path.insert(0, str(ROOT))
 
 from mesh.http_client import request_json  # noqa: E402
 from tests.support import Client, MeshdProcess, start_all  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+from route_scale import node_filters  # noqa: E402
+
+SUBSCRIBE_BATCH = 1000
 
 
 def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning") -> list[MeshdProcess]:
@@ -96,10 +111,82 @@ def one_round(nodes: list[MeshdProcess], publishers: list[Client], topic: str, t
     return first
 
 
-def run(nodes_n: int, rounds: int, preset: str, timeout: float) -> dict:
+def route_count(node: MeshdProcess) -> int:
+    host, port = node.http_addr.rsplit(":", 1)
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("meshd_routes "):
+                return int(float(line.split()[1]))
+    return 0
+
+
+def rss_mb(node: MeshdProcess) -> float:
+    assert node.proc is not None
+    with open(f"/proc/{node.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_routes(nodes: list[MeshdProcess], total: int, timeout: float) -> float:
+    t0 = time.monotonic()
+    while not all(route_count(n) >= total for n in nodes):
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"routes did not reach {total} on every node within {timeout:.0f} s: "
+                               f"{[route_count(n) for n in nodes]}")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def preload(nodes: list[MeshdProcess], total: int, timeout: float) -> tuple[list[Client], dict]:
+    """total/len(nodes) subscriptions on each node; returns the clients (kept connected:
+    their sessions hold the routes) and the figures."""
+    per_node = total // len(nodes)
+    t0 = time.monotonic()
+    clients = []
+    for i, node in enumerate(nodes):
+        c = Client(f"preload-{i}", version=4)
+        c.connect(node.port)
+        filters = node_filters(i, per_node)
+        for k in range(0, per_node, SUBSCRIBE_BATCH):
+            c.c.subscribe([(f, 0) for f in filters[k:k + SUBSCRIBE_BATCH]])
+        clients.append(c)
+    for c in clients:
+        for _ in range(0, per_node, SUBSCRIBE_BATCH):
+            c.subacks.get(timeout=timeout)
+    subscribed = time.monotonic() - t0
+    spread = wait_routes(nodes, per_node * len(nodes), timeout)
+    return clients, {"preload_routes": per_node * len(nodes), "preload_subscribe_s": round(subscribed, 2),
+                     "preload_spread_s": round(spread, 2), "rss_mb": [round(rss_mb(n), 1) for n in nodes]}
+
+
+def join(nodes: list[MeshdProcess], preset: str, workdir: str, total: int, timeout: float) -> dict:
+    """A new node seeded with node 0: seconds from its start until it holds all routes."""
+    n = len(nodes)
+    new = MeshdProcess(os.path.join(workdir, f"n{n}"), "--gossip-preset", preset, "--seed", nodes[0].gossip_addr,
+                       "--log-level", "warning", http=True, node_id=f"n{n}")
+    t0 = time.monotonic()
+    new.start()
+    try:
+        started = time.monotonic() - t0
+        wait_routes([new], total, timeout)
+        return {"join_s": round(time.monotonic() - t0, 2), "join_start_s": round(started, 2),
+                "join_rss_mb": round(rss_mb(new), 1)}
+    finally:
+        new.__exit__()
+
+
+def run(nodes_n: int, rounds: int, preset: str, timeout: float, preload_n: int = 0, do_join: bool = False,
+        preload_timeout: float = 600.0) -> dict:
+    extra: dict = {}
     with tempfile.TemporaryDirectory(prefix="meshd-conv-") as workdir:
         nodes = start_cluster(nodes_n, preset, workdir)
+        loaders: list[Client] = []
         try:
+            if preload_n:
+                loaders, figures = preload(nodes, preload_n, preload_timeout)
+                extra.update(figures)
             publishers = []
             for i, node in enumerate(nodes):
                 p = Client(f"conv-pub-{i}", version=5)
@@ -113,6 +200,10 @@ def run(nodes_n: int, rounds: int, preset: str, timeout: float) -> dict:
                 missing += nodes_n - 1 - len(got)
             for p in publishers:
                 p.disconnect()
+            if do_join:
+                extra.update(join(nodes, preset, workdir, extra.get("preload_routes", 0), preload_timeout))
+            for c in loaders:
+                c.disconnect()
         finally:
             for node in nodes:
                 node.__exit__()
@@ -123,6 +214,7 @@ def run(nodes_n: int, rounds: int, preset: str, timeout: float) -> dict:
         "p99_s": samples[min(len(samples) - 1, int(0.99 * len(samples)))] if samples else None,
         "max_s": samples[-1] if samples else None,
         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **extra,
     }
     return result
 
@@ -133,8 +225,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--preset", default="lan", choices=("lan", "wan", "local"))
     ap.add_argument("--round-timeout", type=float, default=10.0)
+    ap.add_argument("--preload", type=int, default=0, metavar="N", help="N subscriptions spread over the nodes first")
+    ap.add_argument("--join", action="store_true", help="then time a new node's receipt of the whole table")
     args = ap.parse_args()
-    result = run(args.nodes, args.rounds, args.preset, args.round_timeout)
+    result = run(args.nodes, args.rounds, args.preset, args.round_timeout, args.preload, args.join)
+    with open("/proc/loadavg") as f:
+        result["loadavg"] = float(f.read().split()[0])
     out = ROOT / "scripts" / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "route_convergence.jsonl", "a") as f:
@@ -142,6 +238,8 @@ def main() -> int:
     print(f"{args.nodes} nodes, {args.preset} preset: SUBACK -> first delivery from every other node: "
           f"median {result['median_s']:.3f} s, p99 {result['p99_s']:.3f} s, max {result['max_s']:.3f} s "
           f"({result['samples']} samples, {result['missing']} missing)")
+    if args.preload or args.join:
+        print(json.dumps({k: v for k, v in result.items() if k.startswith(("preload", "rss", "join"))}))
     return 0 if result["missing"] == 0 else 1
 
 

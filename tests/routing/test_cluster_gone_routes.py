@@ -90,7 +90,7 @@ def test_a_dead_members_routes_come_back_from_no_peer_until_it_does() -> None:
     assert cluster.port.plain_nodes("split/x") == set()
     snap = b.local_snapshot().to_wire()
     # a same-side peer C, which still holds B alive, hands B's routes back three ways
-    cluster._on_routes_reply({"snaps": [snap]})
+    cluster._on_routes_reply("C", {"snaps": [snap], "more": True})  # (taken nothing: not asked again)
     cluster.take_route_snapshot(snap)
     gossip.broadcasts["route"]("B", delta_payload)
     gossip.push_pull["routes"][1]({"n": "C", "d": {"B": list(b.digest()["B"])}})
@@ -99,7 +99,7 @@ def test_a_dead_members_routes_come_back_from_no_peer_until_it_does() -> None:
 
     gossip.set("B", "alive")  # the heal: B's own routes are pulled from B and taken
     assert pulls == ["B"]
-    cluster._on_routes_reply({"snaps": [snap]})
+    cluster._on_routes_reply("B", {"snaps": [snap]})
     assert cluster.port.plain_nodes("split/x") == {"B"}
 
 
@@ -107,7 +107,16 @@ def test_routes_of_members_we_do_not_know_yet_are_taken() -> None:
     # joining nodes learn routes before every member's alive: those must not wait
     cluster, gossip, pulls = node_a()
     b, _ = routes_of_b()
-    cluster._on_routes_reply({"snaps": [b.local_snapshot().to_wire()]})
+    cluster._on_routes_reply("B", {"snaps": [b.local_snapshot().to_wire()]})
     assert cluster.port.plain_nodes("split/x") == {"B"} and cluster.routes_of_gone_ignored == 0
     gossip.push_pull["routes"][1]({"n": "C", "d": {"D": [3, 4, 0]}})
+    assert pulls == ["C"]
+
+
+def test_an_answer_that_says_more_is_followed_by_another_pull_from_the_same_peer() -> None:
+    cluster, gossip, pulls = node_a()
+    b, _ = routes_of_b()
+    cluster._on_routes_reply("C", {"snaps": [b.local_snapshot().to_wire()], "more": True})
+    assert pulls == ["C"] and cluster.port.plain_nodes("split/x") == {"B"}
+    cluster._on_routes_reply("C", {"snaps": [b.local_snapshot().to_wire()]})
     assert pulls == ["C"]

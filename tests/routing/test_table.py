@@ -39,7 +39,7 @@ def test_shuffled_duplicated_lossy_deltas_converge_after_anti_entropy(ops_a, ops
         replica.apply_delta(d)
     # Anti-entropy: the replica pulls what its digest lacks from each origin.
     for origin in (a, b):
-        for snap in origin.snapshots_newer_than(replica.digest()):
+        for snap in origin.snapshots_newer_than(replica.digest())[0]:
             replica.apply_snapshot(snap)
     assert replica.wanted == set()
     for origin in (a, b):
@@ -176,3 +176,30 @@ def test_a_remembered_match_is_forgotten_when_the_plain_routes_change():
         assert r.match_nodes(f"n/{i}") == set()
     r.apply_delta(a.add_local("n/#"))
     assert r.match_nodes("n/4999") == {"A"} and r.match_nodes("m/1") == set()
+
+
+def test_a_peer_that_lacks_much_gets_it_in_answers_of_bounded_size():
+    """A new node pulls a big table in parts: each answer stops before `max_filters`
+    (at least one snapshot, never split), says whether more is left, and asking again
+    with the digest that grew meanwhile gets the rest; without a limit, all at once."""
+    holder = RouteTable("H", 1)
+    for name in "ABC":
+        origin = RouteTable(name, 1)
+        for i in range(10):
+            holder.apply_delta(origin.add_local(f"{name}/{i}"))
+    for i in range(30):
+        holder.add_local(f"H/{i}")
+    new = RouteTable("N", 1)
+    answers = []
+    while True:
+        snaps, more = holder.snapshots_newer_than(new.digest(), max_filters=15)
+        answers.append(sorted(s.origin for s in snaps))
+        for snap in snaps:
+            new.apply_snapshot(snap)
+        if not more:
+            break
+    assert answers == [["A"], ["B"], ["C"], ["H"]]  # H's 30 filters go alone, whole
+    assert new.routes() == {f: nodes for f, nodes in holder.routes().items()}
+    assert holder.snapshots_newer_than(RouteTable("M", 1).digest()) == (
+        [holder.snapshot_of(o) for o in ("A", "B", "C", "H")], False)
+    assert holder.snapshots_newer_than(new.digest(), max_filters=15) == ([], False)
