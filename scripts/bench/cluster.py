@@ -4,14 +4,14 @@
 subscriber on bench/in/+) twice, each on fresh processes and data dirs:
 
 - single: one meshd, everything connected to it (the `fanin-qos*` scenario);
-- cross: a 2-node cluster on 127.0.0.1, publishers on node A, the subscriber on node B,
-  so every message is forwarded over A's mesh link to B. Before publishing it waits
-  until A's /api/v1/members shows both nodes alive and, after the subscription on B,
-  until A's /api/v1/routes lists the filter with node B.
+- cross: a 3-node cluster on 127.0.0.1 (A, B and an idle member C), publishers on node
+  A, the subscriber on node B, so every message is forwarded over A's mesh link to B.
+  Before publishing it waits until A's /api/v1/members shows every node alive and,
+  after the subscription on B, until A's /api/v1/routes lists the filter with node B.
 
-Both nodes are pinned to the broker core like the single node: the cluster gets the
+Every node is pinned to the broker core like the single node: the cluster gets the
 same CPU budget, so the ratio is the cost of forwarding, not the gain of a second core.
-Broker CPU is summed over both nodes.
+Broker CPU is summed over all nodes (C's gossip included).
 """
 
 from __future__ import annotations
@@ -39,22 +39,26 @@ def node_flags(node_id: str, http: int, gossip: int, seed: int | None) -> list[s
 
 def start_pair(workdir: Path, pin: bool = True) -> tuple[brokers.RunningBroker, brokers.RunningBroker, int]:
     """Nodes A and B (B seeded with A), both alive in A's view; returns them and A's HTTP port."""
+    (a, b), http_a = start_nodes(workdir, ("A", "B"), pin)
+    return a, b, http_a
+
+
+def start_nodes(workdir: Path, names: tuple[str, ...], pin: bool = True) -> tuple[list[brokers.RunningBroker], int]:
+    """The first node, then the others seeded with it, all alive in the first's view;
+    returns them and the first's HTTP port."""
     meshd = brokers.BROKERS["meshd"]
     http_a, gossip_a = brokers.free_port(), brokers.free_port()
-    a = brokers.start(meshd, workdir / "A", pin=pin, extra=node_flags("A", http_a, gossip_a, None))
+    nodes = [brokers.start(meshd, workdir / names[0], pin=pin, extra=node_flags(names[0], http_a, gossip_a, None))]
     try:
-        b = brokers.start(meshd, workdir / "B", pin=pin,
-                          extra=node_flags("B", brokers.free_port(), brokers.free_port(), gossip_a))
+        for name in names[1:]:
+            nodes.append(brokers.start(meshd, workdir / name, pin=pin,
+                                       extra=node_flags(name, brokers.free_port(), brokers.free_port(), gossip_a)))
+        wait_for(lambda: _alive(http_a) >= set(names), "every member alive on " + names[0])
     except BaseException:
-        a.stop()
+        for node in reversed(nodes):
+            node.stop()
         raise
-    try:
-        wait_for(lambda: _alive(http_a) >= {"A", "B"}, "both members alive on A")
-    except BaseException:
-        b.stop()
-        a.stop()
-        raise
-    return a, b, http_a
+    return nodes, http_a
 
 
 def _get(http: int, path: str) -> Any:
@@ -100,16 +104,18 @@ def run(workdir: Path, quick: bool, qos: int) -> dict[str, Any]:
             raise RuntimeError("the single node exited during the run")
     finally:
         single.stop()
-    a, b, http_a = start_pair(workdir / "pair")
+    nodes, http_a = start_nodes(workdir / "cluster", ("A", "B", "C"))
+    a, b = nodes[0], nodes[1]
     try:
         # subscribe on B first (throughput opens subscribers first), then wait for the route
-        out["cross"] = loadgen.throughput(a.port, [a.pid, b.pid], sub_port=b.port, tag="x",
+        out["cross"] = loadgen.throughput(a.port, [n.pid for n in nodes], sub_port=b.port, tag="x",
                                           before_publish=lambda: wait_for_route(http_a, "B"), **args)
-        if not (a.alive() and b.alive()):
+        if not all(n.alive() for n in nodes):
             raise RuntimeError("a node exited during the run")
     finally:
-        b.stop()
-        a.stop()
+        for n in reversed(nodes):
+            n.stop()
+    out["cluster_nodes"] = len(nodes)
     for k in ("msgs_per_s", "msgs_per_cpu_s", "cpu_us_per_msg"):
         out[f"single_{k}"] = out["single"][k]
         out[f"cross_{k}"] = out["cross"][k]
