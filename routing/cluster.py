@@ -53,6 +53,12 @@ ANTI_ENTROPY_INTERVAL = 5.0
 # `routes_req`; it asks again while the answer says `more`): a whole table of a
 # million routes in one frame would pass the frame limit (`gossip.wire.MAX_FRAME`, 8 MiB).
 ROUTES_REPLY_FILTERS = 50_000
+# A pull from a peer that has not answered yet is not asked again before this long: a
+# burst of out-of-order route deltas (a node that just took 100,000 subscriptions
+# sends thousands) each found the table wanting and asked the whole table again,
+# which at 10 nodes x 10,000 routes starved every event loop until members were
+# declared dead and their routes dropped (scripts/bench/route_convergence.py --preload).
+PULL_PATIENCE = 10.0
 HELD_EXPIRY_INTERVAL = 5.0
 RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
@@ -137,6 +143,7 @@ class Cluster:
         self.malformed_items = 0
         self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
         self._link_serial = 0
+        self._pulls_out: dict[str, float] = {}  # peer -> when a routes pull to it went unanswered so far
         gossip.on_broadcast("route", self._on_route_broadcast)
         gossip.on_member_change(self._on_member_change)
         gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
@@ -265,6 +272,7 @@ class Cluster:
             elif state == MemberState.LEFT:
                 self._forget_held(member)
                 self._recent.pop(member, None)
+            self._pulls_out.pop(member, None)  # its answer will not come: ask again once it is back
             dropped = self.table.drop_origin(member)
             if dropped:
                 log.info("member %s %s: dropped its %d routes", member, state, len(dropped))
@@ -382,10 +390,16 @@ class Cluster:
     def _pull_routes(self, peer: str) -> None:
         if peer == self.node_id or self._nursery is None:
             return
+        now = self.clock.now()
+        asked = self._pulls_out.get(peer)
+        if asked is not None and now - asked < PULL_PATIENCE:
+            return  # its answer, which comes first, brings what a second one would
+        self._pulls_out[peer] = now
         self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.digest()), "max": ROUTES_REPLY_FILTERS},
                                  functools.partial(self._on_routes_reply, peer))
 
     def _on_routes_reply(self, peer: str, frame: Frame) -> None:
+        self._pulls_out.pop(peer, None)
         taken = 0
         for snap_wire in frame.get("snaps", ()):
             try:

@@ -112,11 +112,16 @@ def one_round(nodes: list[MeshdProcess], publishers: list[Client], topic: str, t
 
 
 def route_count(node: MeshdProcess) -> int:
+    """The node's `meshd_routes` gauge; 0 while it does not answer (a node applying a
+    part of a big table holds its event loop for a while)."""
     host, port = node.http_addr.rsplit(":", 1)
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("meshd_routes "):
-                return int(float(line.split()[1]))
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("meshd_routes "):
+                    return int(float(line.split()[1]))
+    except OSError:  # URLError and timeouts included
+        pass
     return 0
 
 
@@ -131,8 +136,12 @@ def rss_mb(node: MeshdProcess) -> float:
 
 def wait_routes(nodes: list[MeshdProcess], total: int, timeout: float) -> float:
     t0 = time.monotonic()
+    shown = t0
     while not all(route_count(n) >= total for n in nodes):
-        if time.monotonic() - t0 > timeout:
+        if time.monotonic() - shown > 10:
+            shown = time.monotonic()
+            print(f"  {shown - t0:.0f} s: routes per node {[route_count(n) for n in nodes]}", file=sys.stderr, flush=True)
+        if time.monotonic() - t0 > timeout:  # (counts asked again: the message shows them now)
             raise RuntimeError(f"routes did not reach {total} on every node within {timeout:.0f} s: "
                                f"{[route_count(n) for n in nodes]}")
         time.sleep(0.2)
@@ -178,7 +187,7 @@ def join(nodes: list[MeshdProcess], preset: str, workdir: str, total: int, timeo
 
 
 def run(nodes_n: int, rounds: int, preset: str, timeout: float, preload_n: int = 0, do_join: bool = False,
-        preload_timeout: float = 600.0) -> dict:
+        preload_timeout: float = 1500.0) -> dict:
     extra: dict = {}
     with tempfile.TemporaryDirectory(prefix="meshd-conv-") as workdir:
         nodes = start_cluster(nodes_n, preset, workdir)
