@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -240,6 +241,8 @@ def main() -> int:
     result = run(args.nodes, args.rounds, args.preset, args.round_timeout, args.preload, args.join)
     with open("/proc/loadavg") as f:
         result["loadavg"] = float(f.read().split()[0])
+    result["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                      capture_output=True, text=True).stdout.strip() or "?"
     out = ROOT / "scripts" / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "route_convergence.jsonl", "a") as f:
