@@ -885,7 +885,11 @@ class Handoffs:
         cid = frame.get("c")
         if isinstance(cid, str):
             # Asked as a session's giver (`_ask_giver`): only whether its copy is here.
-            return "ho_fenced", {"ok": True, "copy": cid in self.broker.sessions and cid not in self.moved}
+            # Not a copy kept past its expiry that no resume claimed in time (it ends).
+            expired_at = self.broker.expired_while_down.get(cid)
+            copy = (cid in self.broker.sessions and cid not in self.moved
+                    and (expired_at is None or self.claimed_elsewhere(cid, expired_at)))
+            return "ho_fenced", {"ok": True, "copy": copy}
         owner = frame["o"]
         if not isinstance(owner, str):
             raise ValueError("bad fence")
