@@ -22,9 +22,10 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from clock import Clock, SystemClock
 
 ENV_SWITCH = "MESHD_REPORT_CLASS_ARCHIVE"
 STALE_TEMP_S = 3600  # a temporary archive this old belongs to a JVM that died mid-write
@@ -61,9 +62,10 @@ def _installation_key() -> str:
     return h.hexdigest()[:16]
 
 
-def plan(root: Path | None = None) -> ArchivePlan | None:
+def plan(root: Path | None = None, clock: Clock | None = None) -> ArchivePlan | None:
     """Map the archive when there is one, else have this JVM write it; None when off
-    or when the cache folder cannot be written."""
+    or when the cache folder cannot be written. ``clock`` (the system's by default)
+    tells a stale temporary archive by its age."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
     root = root or cache_root()
@@ -73,8 +75,9 @@ def plan(root: Path | None = None) -> ArchivePlan | None:
         final = root / f"spark-classes-{key}.jsa"
         if final.is_file():
             return ArchivePlan(f"-XX:SharedArchiveFile={final} {QUIET}", final, None)
+        now = (clock or SystemClock()).wall()
         for old in root.glob("spark-classes-*.tmp"):
-            if time.time() - old.stat().st_mtime > STALE_TEMP_S:
+            if now - old.stat().st_mtime > STALE_TEMP_S:
                 old.unlink(missing_ok=True)
         writing = root / f"spark-classes-{key}.{os.getpid()}.tmp"
         return ArchivePlan(f"-XX:ArchiveClassesAtExit={writing} {QUIET}", final, writing)
@@ -96,7 +99,7 @@ def finish_writing(archive: ArchivePlan, jvm: subprocess.Popen[bytes] | None, ti
             os.replace(archive.writing, archive.final)
             return True
     except (OSError, subprocess.TimeoutExpired):
-        pass
+        pass  # a JVM still running (removed below) or a rename refused (left to age out as stale)
     if not ok:
         archive.writing.unlink(missing_ok=True)
     return False

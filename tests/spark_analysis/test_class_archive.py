@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
+from clock import ManualClock
 from spark_analysis import class_archive
 
 pytestmark = pytest.mark.spark
@@ -41,11 +41,14 @@ def test_an_archive_from_a_jvm_that_failed_is_not_kept(tmp_path):
 
 
 def test_stale_temporary_archives_are_removed_and_the_switch_turns_it_off(tmp_path, monkeypatch):
+    clock = ManualClock(wall_epoch=1_800_000_000.0)
     stale = tmp_path / "spark-classes-0000.99999.tmp"
-    stale.write_bytes(b"half")
-    old = time.time() - class_archive.STALE_TEMP_S - 10
-    os.utime(stale, (old, old))
-    assert class_archive.plan(tmp_path) is not None and not stale.exists()
+    fresh = tmp_path / "spark-classes-0000.99998.tmp"  # another report writing right now
+    for path, age in ((stale, class_archive.STALE_TEMP_S + 10), (fresh, 60)):
+        path.write_bytes(b"half")
+        os.utime(path, (clock.wall() - age, clock.wall() - age))
+    assert class_archive.plan(tmp_path, clock) is not None
+    assert not stale.exists() and fresh.exists()
     monkeypatch.setenv(class_archive.ENV_SWITCH, "0")
     assert class_archive.plan(tmp_path) is None
 
