@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from handoff import RawClient  # noqa: E402
 from mesh.http_client import request_json  # noqa: E402
+from route_convergence import start_cluster  # noqa: E402
 from mqtt import Connack, Puback, Publish, Suback, Subscribe, Subscription  # noqa: E402
-from tests.support import MeshdProcess, start_all  # noqa: E402
+from tests.support import MeshdProcess  # noqa: E402
 
 CONFIGS = {"1": ("1", "sync"), "2-sync": ("2", "sync"), "2-async": ("2", "async")}
 TOPIC = "bench/repl"
@@ -60,27 +61,8 @@ def du(path: str) -> int:
 
 
 def start(workdir: str, replicas: str, mode: str) -> list[MeshdProcess]:
-    flags = ("--gossip-preset", "local", "--log-level", "warning", "--session-replicas", replicas,
-             "--session-replication", mode)
-    first = MeshdProcess(os.path.join(workdir, "n0"), *flags, http=True, node_id="n0").start()
-    nodes = [first] + [MeshdProcess(os.path.join(workdir, f"n{i}"), *flags, "--seed", first.gossip_addr, http=True,
-                                    node_id=f"n{i}") for i in (1, 2)]
-    try:
-        start_all(nodes[1:])
-        deadline = time.monotonic() + 60
-        for member in nodes:
-            while True:
-                _, body = request_json(member.http_addr, "GET", "/api/v1/members")
-                if sum(m["state"] == "alive" for m in body["members"]) == 3:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("cluster did not converge")
-                time.sleep(0.1)
-    except BaseException:
-        for member in nodes:
-            member.__exit__()
-        raise
-    return nodes
+    return start_cluster(3, "local", workdir,
+                         extra_flags=("--session-replicas", replicas, "--session-replication", mode))
 
 
 class Publisher(threading.Thread):

@@ -51,12 +51,14 @@ from route_scale import node_filters  # noqa: E402
 SUBSCRIBE_BATCH = 1000
 
 
-def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning") -> list[MeshdProcess]:
+def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning",
+                  extra_flags: tuple[str, ...] = ()) -> list[MeshdProcess]:
     """Node 0 first (its bound gossip port is the others' seed), then the rest at once;
-    every node is ready (all listeners bound) before the view is asked for."""
+    every node is ready (all listeners bound) before the view is asked for.
+    ``extra_flags`` go to every node (other benchmarks' settings)."""
     def node(i: int, *seed: str) -> MeshdProcess:
         return MeshdProcess(os.path.join(workdir, f"n{i}"), "--gossip-preset", preset, *seed,
-                            "--log-level", log_level, http=True, node_id=f"n{i}")
+                            "--log-level", log_level, *extra_flags, http=True, node_id=f"n{i}")
 
     first = node(0).start()
     nodes = [first] + [node(i, "--seed", first.gossip_addr) for i in range(1, n)]
