@@ -53,7 +53,7 @@ from replication.placement import replicas_for
 from routing.queries import QueryFailed
 from mqtt.topics import topic_matches
 from session_store.handoff import HandoffError, delivery_from_wire, delivery_to_wire
-from session_store.model import Delivery, Session, SubscriptionOptions
+from session_store.model import Delivery, Message, Session, SubscriptionOptions
 from session_store.ownership import Claim
 from session_store.store import StoredSession
 
@@ -115,10 +115,10 @@ class ReplicaStore(Protocol):
 
 
 class HeldView(Protocol):
-    """What the cluster holds for unreachable members (`routing.held.HeldTraffic`)."""
+    """What the cluster owes unreachable members (`routing.cluster.Cluster`): held for
+    them, or still unacknowledged on the link to them."""
 
-    @property
-    def members(self) -> Mapping[str, Any]: ...
+    def held_messages(self, member: str) -> list[Message]: ...
 
 
 class Claims(Protocol):
@@ -709,11 +709,10 @@ class Replication:
         return out
 
     def _held_matching(self, owner: str, wire_subs: list[Any]) -> list[list[object]]:
-        held = self.held.members.get(owner) if self.held is not None else None
-        if held is None:
+        if self.held is None:
             return []
         out: list[list[object]] = []
-        for _, msg, _, _ in held.messages:
+        for msg in self.held.held_messages(owner):
             matching = [o for f, o in wire_subs if isinstance(f, str) and topic_matches(f, msg.topic)]
             if not matching:
                 continue

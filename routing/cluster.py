@@ -155,7 +155,7 @@ class Cluster:
                                  replicas=replicas)
         self.held = HeldTraffic(hold_period=hold_period, max_messages=held_max_messages, max_age=held_max_age)
         if replicas is not None:
-            replicas.use_held(self.held)  # a session taken from a replica gets what was held for its dead owner
+            replicas.use_held(self)  # a session taken from a replica gets what was held for its dead owner
         self._restore_held(recovered_meta or {})
         # An expiring session's client may have resumed it where this node could not
         # hear: kept at most as long as held traffic (what it holds was acknowledged too).
@@ -313,6 +313,19 @@ class Cluster:
             if item.qos and item.plain:
                 self._hold(member, item.out.message, now, item.held_seq or None, item.out.also)
         return items
+
+    def held_messages(self, member: str) -> list[Message]:
+        """The QoS >= 1 messages this node owes `member` for its plain subscribers: held
+        for it, and (in order, after them) still unacknowledged on the link to it.  A
+        takeover from a replica fetches them for its dead owner while that owner is
+        only suspect too: a message stuck on the link then is held only later, and
+        merged then it would come after newer ones from the same publisher."""
+        held = self.held.members.get(member)
+        out = [msg for _, msg, _, _ in held.messages] if held is not None else []
+        link = self.links.get(member)
+        if link is not None:
+            out.extend(item.message for item in link.pending() if item.qos and item.plain)
+        return out
 
     def _replay_held(self, member: str) -> None:
         held = self.held.take_with_also(member)

@@ -25,7 +25,6 @@ import faults
 from clock import Clock
 from clock.hlc import HlcTimestamp
 from oplog import Event, log_event
-from routing.held import HeldTraffic
 from routing.links import Fields, Frame, Reply
 from routing.moved import MOVED_META, TAKEN_META, Moved, TakenIn, marks_from_wire
 from routing.trie import TopicTrie
@@ -130,13 +129,19 @@ class MeshRequests(Protocol):
     def take_route_snapshot(self, wire: object) -> None: ...
 
 
+class HeldSource(Protocol):
+    """What this node owes an unreachable member (`routing.cluster.Cluster`)."""
+
+    def held_messages(self, member: str) -> list[Message]: ...
+
+
 class ReplicaSource(Protocol):
     """Session replication (`replication.service`): where a session whose owner cannot
     hand it over is taken from instead (the newest copy on a live replica)."""
 
     def use_claims(self, claims: OwnershipRegister) -> None: ...
 
-    def use_held(self, held: HeldTraffic) -> None: ...
+    def use_held(self, held: HeldSource) -> None: ...
 
     async def copy_for_takeover(self, client_id: str, owner: str) -> StoredSession | None: ...
 

@@ -161,9 +161,14 @@ class OutboundLink:
             await self._retry.wait()
         self._retry = trio.Event()
 
+    def pending(self) -> list[LinkItem]:
+        """Everything not acknowledged yet, in the order it was queued."""
+        return [i for seq in sorted(self.unacked) for i in self.unacked[seq]] + \
+            [i for i in self.queue if isinstance(i, LinkItem)]
+
     def fail_all(self) -> list[LinkItem]:
         """The peer is down: hand back everything not acknowledged."""
-        items = [i for batch in self.unacked.values() for i in batch] + [i for i in self.queue if isinstance(i, LinkItem)]
+        items = self.pending()
         self.unacked.clear()
         self.queue.clear()
         self.requests.clear()
