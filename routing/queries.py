@@ -47,6 +47,14 @@ class QueryFailed(Exception):
     """A member did not answer; `str()` says why, in a few words."""
 
 
+class QueryUnanswered(QueryFailed):
+    """The member closed the query's stream without an answer. Either it is a version
+    without cluster queries (which closes every query so), or it died while answering
+    (a killed process's socket is closed by its kernel: the asker reads an orderly end,
+    not an error). An asker that must tell the two apart asks once more: the older
+    version closes the query again, a dead member refuses the connection."""
+
+
 class UnknownQuery(Exception):
     """Raised by an answerer for a query name it does not know."""
 
@@ -93,7 +101,7 @@ class MeshQueries:
                     await framed.send(QUERY, c=self.cluster_name, q=query, a=dict(args))
                     reply = await framed.receive()
                 except EOFError:
-                    raise QueryFailed("closed the query unanswered (a version without cluster queries?)") from None
+                    raise QueryUnanswered("closed the query unanswered (a version without cluster queries?)") from None
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise QueryFailed(f"connection lost ({exc})") from None
                 except wire.WireError as exc:

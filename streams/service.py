@@ -23,7 +23,7 @@ import trio
 from clock import Clock
 from mqtt import EMPTY_PROPERTIES, Properties, ReasonCode
 from mqtt.topics import topic_matches
-from routing.queries import QueryFailed
+from routing.queries import QueryFailed, QueryUnanswered
 from session_store import records
 from session_store.model import Message
 from streams import position as positions
@@ -206,17 +206,41 @@ class StreamService:
             if self.members.member_state(node) not in ("alive", "suspect"):
                 raise FetchFailed("not alive")
             try:
-                reply = await self.queries.ask(node, READ_QUERY, args, timeout=PAGE_TIMEOUT)
-            except QueryFailed as exc:
-                text = str(exc)
-                if text.startswith("unknown query") or "unanswered" in text:
-                    # A version without streams: it keeps no stream messages.
-                    return FetchedPage([], after, True, "")
-                raise FetchFailed(text) from None
+                reply = await self._ask_read(node, args)
+            except _HoldsNoPart:
+                return FetchedPage([], after, True, "")
         try:
             return _page_from_wire(reply, after)
         except (records.RecordError, KeyError, TypeError, ValueError) as exc:
             raise FetchFailed(f"bad page ({exc})") from None
+
+    async def _ask_read(self, node: str, args: Mapping[str, object]) -> object:
+        """A member's answer to a page read; _HoldsNoPart for a version without streams,
+        FetchFailed when its part cannot be read now."""
+        try:
+            return await self._ask_read_once(node, args)
+        except QueryUnanswered:
+            # A version without cluster queries closes every query unanswered, and so
+            # does a member killed while it read the page (its kernel closes the
+            # socket). Only the first closes a second query too: the dead one refuses
+            # it. Taking a dead member for an old one would end the replay without its
+            # part and with no `missing` marker.
+            pass
+        try:
+            return await self._ask_read_once(node, args)
+        except QueryUnanswered:
+            log.info("%s closed two stream reads unanswered: a version without streams, it holds no part", node)
+            raise _HoldsNoPart() from None
+
+    async def _ask_read_once(self, node: str, args: Mapping[str, object]) -> object:
+        try:
+            return await self.queries.ask(node, READ_QUERY, args, timeout=PAGE_TIMEOUT)
+        except QueryUnanswered:
+            raise
+        except QueryFailed as exc:
+            if str(exc).startswith("unknown query"):
+                raise _HoldsNoPart() from None  # a version with cluster queries but without streams
+            raise FetchFailed(str(exc)) from None
 
     async def _answer_read(self, peer: str, args: Mapping[str, Any]) -> object:
         stream, sub_filter, after = args["s"], args["f"], args["a"]
@@ -294,6 +318,10 @@ class StreamService:
                 "replays": sum(1 for tap in self.taps.values() for c in tap.cursors.values() if c.stream == spec.filter),
             })
         return out
+
+
+class _HoldsNoPart(Exception):
+    """The member is a version without streams: it keeps no stream messages."""
 
 
 def _page_from_wire(reply: object, after: str) -> FetchedPage:
