@@ -12,8 +12,11 @@ for `settle` seconds (time for the claims to spread: gossip pulls full state fro
 member that is back at once), and at most `max_keep` seconds past its expiry (a member
 that never comes back is never heard again).
 
-What it cannot see: a node cut off alone may not suspect anyone before the heal
-(Lifeguard slows its verdicts), so there only a claim learnt in time keeps the copy.
+A node cut off alone may not suspect anyone before the heal (Lifeguard slows its
+verdicts when no helper answers either), so silence counts too: while no datagram
+from any member has reached this node for `alone_after` seconds it is alone, as if
+every member were unreachable, and hearing one again ends that as a member's return
+does (`heard`, told every second or so).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ UNREACHABLE = (MemberState.SUSPECT, MemberState.DEAD)
 
 
 class Contact:
-    def __init__(self, now: float, settle: float, max_keep: float) -> None:
+    def __init__(self, now: float, settle: float, max_keep: float, alone_after: float = 4.0) -> None:
         self.settle = settle
         self.max_keep = max_keep
+        self.alone_after = alone_after
+        self.alone = False  # nothing heard from any member for alone_after seconds
         self.unreachable: set[str] = set()
         self.peers = False  # a member was ever seen: alone, a node has no one to miss
         # When the last member that could not be heard was heard again.  The start
@@ -42,6 +47,16 @@ class Contact:
             self.unreachable.discard(member)
             self.back_at = now
 
+    def heard(self, quiet_for: float | None, now: float) -> None:
+        """`quiet_for`: seconds since the last datagram from any member reached this
+        node (None: no member heard yet)."""
+        alone = quiet_for is not None and quiet_for >= self.alone_after
+        if alone:
+            self.alone = True
+        elif self.alone:
+            self.alone = False
+            self.back_at = now
+
     def keep_expired(self, left_at: float, expired_at: float, now: float, claimed_elsewhere: bool) -> float | None:
         """A session whose client left at `left_at` expired at `expired_at`: None when
         it may end (every member heard all along since, no claim elsewhere from before
@@ -49,7 +64,7 @@ class Contact:
         last = expired_at + self.max_keep
         if now >= last or not self.peers:
             return None
-        if self.unreachable or claimed_elsewhere:
+        if self.unreachable or self.alone or claimed_elsewhere:
             return min(now + self.settle, last)
         if self.back_at < left_at:
             return None

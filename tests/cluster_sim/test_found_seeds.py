@@ -137,3 +137,13 @@ def test_a_session_remembers_what_it_was_given_across_a_restart() -> None:
     # p5/3/7 came a second time.  The set is kept in the store's meta now
     # (mesh/broker.py `remember`, routing/handoff_driver.py `_start_remembering`).
     assert simulate_seed(5, 20, 60, 7) == "seed=7 ok"
+
+
+def test_a_node_cut_off_alone_keeps_a_copy_that_expires_while_it_hears_no_one() -> None:
+    # Seed 956 of 3 nodes, 6 clients, 15 s: n1, cut off from both others, suspected
+    # no one (Lifeguard holds back a node's verdicts when no helper answers either) and
+    # dropped s0's copy with p1/1/8 at its expiry, while s0 had resumed on n2: the
+    # acknowledged message was lost.  Hearing no member for a while now counts as every
+    # member unreachable (routing/contact.py `heard`).
+    assert simulate_seed(3, 6, 15, 956) == "seed=956 ok"
+

@@ -52,3 +52,19 @@ def test_never_past_max_keep() -> None:
     c.member_changed("B", MemberState.DEAD, 12.0)  # never back
     assert c.keep_expired(10.0, 18.0, 3610.0, False) == 3618.0
     assert c.keep_expired(10.0, 18.0, 3618.0, False) is None
+
+
+def test_a_node_that_heard_no_member_for_a_while_keeps_the_session_as_if_all_were_unreachable() -> None:
+    # Seed 956 of 3 nodes, 6 clients, 15 s: a node cut off alone suspected no one
+    # (Lifeguard held its verdicts back) and dropped s0 at its expiry, though s0 had
+    # resumed elsewhere meanwhile: an acknowledged message was lost.
+    c = contact()
+    c.heard(quiet_for=1.0, now=9.0)
+    assert c.keep_expired(10.0, 18.0, 18.0, False) is None
+    c.heard(quiet_for=4.5, now=16.0)  # nothing heard since 11.5: alone
+    assert c.keep_expired(10.0, 18.0, 18.0, False) == 38.0
+    c.heard(quiet_for=0.2, now=30.0)  # heard again: the claims spread from then on
+    assert c.keep_expired(10.0, 18.0, 38.0, False) == 50.0
+    assert c.keep_expired(10.0, 18.0, 50.0, False) is None
+    c.heard(quiet_for=None, now=60.0)  # no member heard yet is not alone
+    assert not c.alone
