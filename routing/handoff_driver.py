@@ -204,6 +204,7 @@ class Handoffs:
         self._late_fencing: set[tuple[str, str]] = set()
         self._locks: dict[str, trio.Lock] = {}
         self._pushing: set[str] = set()
+        self._claimed_since_ms: dict[str, int] = {}  # see `_note_claim_run`
         self._remember_until: dict[str, float] = {}
         self._incoming: dict[tuple[str, str], tuple[object, list[Delivery]]] = {}
         self._nursery: trio.Nursery | None = None
@@ -261,7 +262,26 @@ class Handoffs:
         (wall s): a copy held here is its client's session resumed there."""
         claim = self.register.get(client_id)
         return (claim is not None and claim.owner not in (None, self.node_id) and not claim.clean
-                and claim.stamp.wall_ms <= before * 1000)
+                and self._claim_since(claim) <= before * 1000)
+
+    def _note_claim_run(self, before: Claim | None, claim: Claim) -> None:
+        """A claim elsewhere that follows another claim elsewhere, neither clean and no
+        release between (a session that ends releases its claim), goes on with the
+        session the first one resumed: the client came back to that owner, or another
+        node took the session from it.  So the client has been claimed elsewhere since
+        the first of them.  Without this a copy kept here past its expiry, whose client
+        had resumed it elsewhere in time, took a later claim for a new session and was
+        never pushed there (seeds 4440 and 5796 of 3 nodes, 6 clients, 15 s)."""
+        cid = claim.client_id
+        if (before is None or claim.owner in (None, self.node_id) or claim.clean or before.clean
+                or before.owner in (None, self.node_id)):
+            self._claimed_since_ms.pop(cid, None)
+        else:
+            self._claimed_since_ms.setdefault(cid, before.stamp.wall_ms)
+
+    def _claim_since(self, claim: Claim) -> int:
+        """Wall ms since when the claim's owner has held the client's session, as seen here."""
+        return min(self._claimed_since_ms.get(claim.client_id, claim.stamp.wall_ms), claim.stamp.wall_ms)
 
     def _wall_ms(self) -> int:
         return int(self.clock.wall() * 1000)
@@ -291,6 +311,7 @@ class Handoffs:
     def session_ended(self, client_id: str) -> None:
         if client_id in self.register.claims:
             claim = self.register.release(client_id, self._wall_ms())
+            self._claimed_since_ms.pop(client_id, None)
             if claim is not None:
                 self._announce(claim)
 
@@ -317,7 +338,11 @@ class Handoffs:
             self._take_claim(claim)
 
     def _take_claim(self, claim: Claim) -> None:
-        if not self.register.merge(claim, self._wall_ms()) or claim.owner in (None, self.node_id):
+        before = self.register.get(claim.client_id)
+        if not self.register.merge(claim, self._wall_ms()):
+            return
+        self._note_claim_run(before, claim)
+        if claim.owner in (None, self.node_id):
             return
         cid = claim.client_id
         taking = self.taking.get(cid)
@@ -360,6 +385,7 @@ class Handoffs:
             # its session ended; it is no part of the one this CONNECT opens or takes.
             self.broker.discard_session(client_id, self.clock.wall())
         claim = self.register.claim(client_id, self._wall_ms(), clean=clean_start)
+        self._claimed_since_ms.pop(client_id, None)  # this node's claim ends another's run
         self._announce(claim)
         giving = self.giving.pop(client_id, None)
         if giving is not None and giving.commit_seq is not None:
@@ -926,7 +952,7 @@ class Handoffs:
             if faults.STALE_OWNER and cid in self.moved:
                 continue  # BUGGIFY: the copy handed over stays here
             expired_at = self.broker.expired_while_down.get(cid)
-            if expired_at is not None and claim.stamp.wall_ms > expired_at * 1000:
+            if expired_at is not None and self._claim_since(claim) > expired_at * 1000:
                 continue  # claimed after it expired: a new session there, not this one resumed
             self._pushing.add(cid)
             self._nursery.start_soon(self._push, cid, claim.owner)
