@@ -14,8 +14,12 @@ streams, like TCP:
   in the blocked direction, as TCP keeps retransmitting them, and they flow again,
   in order, one latency after the heal; a connect across it hangs (SYNs go
   unanswered) until the heal or ``syn_timeout``, so callers' connect timeouts run;
-- a reset (``reset(a, b)``, the link's ``reset`` rate, a transport closed as by a
-  crash) breaks both ends: each one's next or pending call raises BrokenResourceError.
+- a reset (``reset(a, b)``, the link's ``reset`` rate) breaks both ends: each one's
+  next or pending call raises BrokenResourceError;
+- a transport closed as by a crash closes its streams as a kernel closes a dead
+  process's sockets (``kernel_close``): a FIN behind what it had sent where it had read
+  everything sent to it (the peer reads EOF: a crash is not always an error to the
+  peer), a reset where bytes to it were unread.
 
 Datagrams obey the same cuts. One task (``run``) delivers everything, from one heap of
 (time, seq, item): no task per packet, byte or stream.
@@ -62,11 +66,18 @@ class MemoryNetwork:
         self, *, latency: float = 0.002, jitter: float = 0.5, loss: float = 0.0, seed: int = 0,
         rng: random.Random | None = None, clock: Clock | None = None, bandwidth: float = math.inf,
         reset: float = 0.0, stream_window: int = 256 * 1024, syn_timeout: float = 127.0,
+        kernel_close: bool = True,
     ) -> None:
         self.default = LinkSpec(latency=latency, jitter=jitter, loss=loss, bandwidth=bandwidth, reset=reset)
         self.stream_window = stream_window
         # Linux gives up a connect after its SYN retries (tcp_syn_retries=6): 127 s.
         self.syn_timeout = syn_timeout
+        # What a closed transport (a node stopped or killed) does to its open streams.
+        # False: resets them all. True: what a kernel does for a dead process's
+        # sockets: an orderly end (FIN) where the dead side had read everything sent to
+        # it, so the peer reads EOF, and a reset only where bytes to it were unread. A
+        # peer that takes an EOF for a graceful answer is caught only with True.
+        self.kernel_close = kernel_close
         self.rng = rng if rng is not None else random.Random(seed)
         # deadlines go to trio.sleep_until/move_on_at: the clock must be on Trio's timeline
         self.clock: Clock = clock if clock is not None else TrioClock()
@@ -410,7 +421,17 @@ class MemoryStream(trio.abc.Stream):
         inp.writable.unpark_all()
         return data
 
+    def read_everything(self) -> bool:
+        """Whether every byte sent to this end so far was read (a kernel closing it
+        then sends FIN, not RST)."""
+        inp = self._in
+        return not inp.buffer and all(data is None for _, data in inp.in_flight)
+
     async def aclose(self) -> None:
+        self.close_now()
+        await trio.lowlevel.checkpoint()
+
+    def close_now(self) -> None:
         if not self.closed:
             self.closed = True
             if not self._conn.broken:
@@ -423,7 +444,6 @@ class MemoryStream(trio.abc.Stream):
                 pipe.readable.unpark_all()
                 pipe.writable.unpark_all()
             self._conn.net._closed(self._conn)
-        await trio.lowlevel.checkpoint()
 
 
 class MemoryTransport(Transport):
@@ -453,9 +473,15 @@ class MemoryTransport(Transport):
         raise AssertionError("accept channel closed")  # pragma: no cover
 
     def close(self) -> None:
-        """The node is gone (stopped or crashed): its open connections are reset, as
-        the kernel does for a dead process's sockets, and nothing reaches it."""
+        """The node is gone (stopped or crashed): its open connections are reset (or
+        closed as a kernel closes a dead process's sockets: `kernel_close`), and nothing
+        reaches it."""
         self.closed = True
         for conn in sorted(self.net._connections, key=lambda c: c.forward.ident):
-            if self.address in (conn.client, conn.server):
+            if self.address not in (conn.client, conn.server):
+                continue
+            mine = conn.client_end if conn.client == self.address else conn.server_end
+            if self.net.kernel_close and mine.read_everything():
+                mine.close_now()
+            else:
                 self.net._reset(conn)

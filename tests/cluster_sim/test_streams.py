@@ -5,9 +5,12 @@ the replay starts is reported missing and its part delivered when it is back."""
 from __future__ import annotations
 
 import json
+from typing import Any, Mapping
+
+import trio
 
 from simulation.cluster import SimCluster
-from streams.service import StreamService
+from streams.service import READ_QUERY, StreamService
 from tests.cluster_sim.helpers import sim
 
 STREAMS = json.dumps([{"filter": "plant/#"}])
@@ -59,6 +62,37 @@ def test_a_node_down_at_the_start_is_missing_then_recovered() -> None:
         await c.wait_for(lambda: any(m.topic == "$replay/recovered/n2" for m in sub.received), 30, "n2's part")
         assert sub.payloads("plant/n2") == [p for p in stored if p.startswith(b"n2")]
         assert sub.received[-1].topic == "$replay/recovered/n2"
+
+    sim(scenario, streams=STREAMS)
+
+
+def test_a_node_killed_while_it_reads_its_page_is_missing_then_recovered() -> None:
+    """Its kernel closes the read's socket with an orderly end (the network closes a
+    dead node's streams as a kernel does): the reader must not take that for an older
+    version that holds no part, which would end the replay without n2's part and
+    without a marker."""
+
+    async def scenario(c: SimCluster) -> None:
+        stored = await publish_round_robin(c, 0, 30)
+        c.net.kernel_close = True
+        reading = trio.Event()
+
+        async def dies_while_reading(peer: str, args: Mapping[str, Any]) -> object:
+            reading.set()
+            await trio.sleep_forever()
+
+        streams = c.running("n2").broker.streams
+        assert isinstance(streams, StreamService)
+        streams.queries.handle(READ_QUERY, dies_while_reading)
+        sub = await c.connect("n0", "consumer")
+        await sub.subscribe("$replay/earliest/plant/#", 1)
+        await c.wait_for(reading.is_set, 10, "n2 reading its page")
+        await c.kill("n2")
+        await c.wait_for(lambda: any(m.topic == "$replay/missing/n2" for m in sub.received), 10, "the missing marker")
+        await c.restart("n2")
+        await c.wait_for(lambda: any(m.topic == "$replay/recovered/n2" for m in sub.received), 30, "n2's part")
+        assert sorted(m.payload for m in sub.received if m.topic.startswith("plant/")) == sorted(stored)
+        assert sub.payloads("plant/n2") == [p for p in stored if p.startswith(b"n2")]
 
     sim(scenario, streams=STREAMS)
 

@@ -283,14 +283,33 @@ async def test_reset_breaks_both_ends(mock_clock: trio.testing.MockClock) -> Non
             await theirs.receive_some()
         assert net.resets == 3
 
-        # a crashed node's transport resets its connections
+        # a crashed node's transport: as a kernel closes a dead process's sockets, a
+        # connection whose every byte it had read ends with a FIN after what it sent;
+        # one with bytes it had not read is reset
         net.set_link("a", "b", reset=0.0)
+        ours, theirs = await pair.connect()
+        unread_ours, unread_theirs = await pair.connect()
+        await theirs.send_all(b"last reply")
+        await unread_ours.send_all(b"never read")
+        await trio.sleep(0.125)  # both on the wire
+        pair.b.close()
+        assert await read_exactly(ours, 10) == b"last reply"
+        assert await ours.receive_some() == b""
+        with pytest.raises(trio.BrokenResourceError):
+            await unread_ours.receive_some()
+        with pytest.raises(OSError):
+            await pair.a.open_stream(pair.b.address)  # nobody listens there now: refused
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_kernel_close_a_crash_resets_every_connection(mock_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(latency=0.25, jitter=0.0, kernel_close=False)
+    async with trio.open_nursery() as nursery:
+        pair = await Pair(net, nursery).start()
         ours, theirs = await pair.connect()
         pair.b.close()
         with pytest.raises(trio.BrokenResourceError):
             await ours.receive_some()
-        with pytest.raises(OSError):
-            await pair.a.open_stream(pair.b.address)  # nobody listens there now: refused
         nursery.cancel_scope.cancel()
 
 
