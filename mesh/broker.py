@@ -21,7 +21,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Protocol, Sized
+from typing import Callable, Iterable, Mapping, Protocol, Sized
 
 import faults
 from clock import Clock, SystemClock
@@ -34,6 +34,7 @@ from routing.forward import ForwardTarget
 from routing.links import AckGate
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
+from session_store.handoff import message_key
 from session_store.model import NEVER_EXPIRES, Delivery, InflightEntry, Message, Session, SubscriptionOptions
 from session_store.store import MemoryStore, RecoveredState, SessionStore, StoredSession
 from streams.cursor import ReplaySink
@@ -566,16 +567,21 @@ class Broker:
         return matched + len(remote) + held
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool,
-                       skip: Callable[[str], bool] | None = None) -> int:
+                       skip: Callable[[str], bool] | None = None, maybe_sent: bool = False) -> int:
         """A message another node forwarded here: deliver to local sessions only
         (plain subscribers if `plain`, one member of each listed shared group), except
         the plain subscribers `skip` names (sessions taken over here whose previous
-        node had the message: see routing.handoff_driver `TakenIn`)."""
+        node had the message: see routing.handoff_driver `TakenIn`).  `maybe_sent`: it
+        may have been delivered here before (a link batch resent to a node that
+        restarted): a session that still holds it does not take it again, and the others
+        get it with DUP=1."""
         if keep_retained:
             self._set_retained(msg, persist=True)
         if not plain and not groups:
             return 0
-        return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip)
+        if maybe_sent:
+            skip = _skip_holders(self.sessions, message_key(msg), skip)
+        return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip, dup=maybe_sent)
 
     def keep_retained(self, msg: Message) -> None:
         self._set_retained(msg, persist=True)
@@ -591,9 +597,11 @@ class Broker:
                 self.store.put_retained(msg)
 
     def _route(self, msg: Message, now: float, *, plain: bool, only_groups: list[tuple[str, str]] | None,
-               remote: dict[str, ForwardTarget] | None, skip: Callable[[str], bool] | None = None) -> int:
+               remote: dict[str, ForwardTarget] | None, skip: Callable[[str], bool] | None = None,
+               dup: bool = False) -> int:
         """Deliver to sessions here: plain subscribers (if `plain`) and one member per
-        shared group this node serves (see `_shared_keys`)."""
+        shared group this node serves (see `_shared_keys`); `dup`: each delivery goes
+        with DUP=1 (it may have been sent before)."""
         topic = msg.topic
         matches = self._match(topic) if plain else ()
         # No shared group here, none named, none elsewhere to weigh: no keys (the common case).
@@ -615,9 +623,11 @@ class Broker:
                 if options.no_local and client_id == msg.publisher or skip is not None and skip(client_id):
                     continue
                 sub_id = options.subscription_id
-                self.deliver(session, Delivery(msg, options.qos if options.qos < msg_qos else msg_qos,
-                                               msg.retain and options.retain_as_published,
-                                               (sub_id,) if sub_id else ()), now, cache)
+                delivery = Delivery(msg, options.qos if options.qos < msg_qos else msg_qos,
+                                    msg.retain and options.retain_as_published, (sub_id,) if sub_id else ())
+                if dup:
+                    delivery.dup = True
+                self.deliver(session, delivery, now, cache)
                 delivered += 1
             return delivered
         # One copy per session: highest QoS, every subscription identifier (MQTT-3.3.4-2..5).
@@ -636,7 +646,10 @@ class Broker:
             options = member.subscriptions[f"$share/{group}/{real_filter}"]
             self._merge_target(targets, member, options, msg)
         for t in targets.values():
-            self.deliver(t.session, Delivery(msg, t.qos, t.retain, tuple(t.subscription_ids)), now, cache)
+            delivery = Delivery(msg, t.qos, t.retain, tuple(t.subscription_ids))
+            if dup:
+                delivery.dup = True
+            self.deliver(t.session, delivery, now, cache)
         return len(targets)
 
     def _shared_keys(self, topic: str, only_groups: list[tuple[str, str]] | None,
@@ -1061,3 +1074,20 @@ class Broker:
 
     def subscription_count(self) -> int:
         return sum(len(s.subscriptions) for s in self.sessions.values())
+
+
+def _skip_holders(sessions: Mapping[str, Session], key: tuple[str | None, int],
+                  skip: Callable[[str], bool] | None) -> Callable[[str], bool]:
+    """`skip`, and every session that holds the message `key` names (in flight or
+    queued): it came again, and the copy it holds is the one it gets."""
+    def skip_holders(client_id: str) -> bool:
+        if skip is not None and skip(client_id):
+            return True
+        session = sessions.get(client_id)
+        if session is None:
+            return False
+        held = [e.delivery.message for e in session.inflight.values()]
+        if session.queued:
+            held.extend(d.message for d in session.queue)
+        return any(message_key(m) == key for m in held)
+    return skip_holders

@@ -17,7 +17,7 @@ A link sends a run of queued items as one frame, in one of two formats:
   one `cbor2.loads` into plain lists, from which `unpack` builds the `Message`
   directly (about a third of the `fwd` item's decoding and parsing).
 
-Both carry the same batch sequence numbers, so the receiver's duplicate filter and the
+Both carry the same batch sequence numbers (and the optional resend mark `RESENT`), so the receiver's duplicate filter and the
 sender's resends do not care which format a batch went in.
 """
 
@@ -33,6 +33,12 @@ from session_store.model import Message
 
 FWDB = "fwdb"  # the batched frame's type, and the capability that names it
 CAPABILITIES = (FWDB,)  # what this version announces in its link_hello and link_caps
+
+# A batch sent again on a new connection (its acknowledgement never came) carries
+# "r": true, in either format (optional: an older receiver ignores it, an older sender
+# never sends it).  A receiver that takes it (it restarted meanwhile, so it does not
+# know it took it before) may have delivered its messages already.
+RESENT = "r"
 
 PLAIN = 1
 KEEP_RETAINED = 2
@@ -107,9 +113,13 @@ class LinkItem:
                 [list(g) for g in groups] if groups else None)
 
 
-def fwdb_body(sender: str, epoch: str, seq: int, items: Sequence[LinkItem]) -> bytes:
-    """The envelope of a `fwdb` frame carrying `items` (before sealing), in one encode."""
-    return wire.encode_frame_body(FWDB, sender, {"e": epoch, "s": seq, "m": [item.fwdb_item() for item in items]})
+def fwdb_body(sender: str, epoch: str, seq: int, items: Sequence[LinkItem], resent: bool = False) -> bytes:
+    """The envelope of a `fwdb` frame carrying `items` (before sealing), in one encode;
+    `resent` adds the optional resend mark (see `RESENT`)."""
+    fields: dict[str, object] = {"e": epoch, "s": seq, "m": [item.fwdb_item() for item in items]}
+    if resent:
+        fields[RESENT] = True
+    return wire.encode_frame_body(FWDB, sender, fields)
 
 
 # A forwarded item read back (either format): the message, plain, groups, keep

@@ -6,7 +6,9 @@ One outbound link per peer, opened lazily and reused.  Each forwarded batch gets
 sequence number; the peer answers `fwd_ack` once the batch is delivered and durable
 there.  Unacknowledged batches are resent in order after a reconnect (at-least-once
 across the hop; the receiver drops batches it has already taken, so a reconnect alone
-does not duplicate).  A batch goes as a `fwd` frame, or as the batched `fwdb` frame
+does not duplicate; a batch sent again carries a resend mark, so a receiver that took
+it although it came again, having restarted meanwhile, knows its messages may have
+been delivered before).  A batch goes as a `fwd` frame, or as the batched `fwdb` frame
 (`routing.batch`) once the peer has said it reads those: a link's hello names the
 capabilities of its sender (`caps`, ignored by older versions), and a receiver that
 sees them answers with its own (`link_caps`, which only a sender that announced
@@ -31,7 +33,7 @@ import trio
 
 from gossip import wire
 from gossip.service import read_frame
-from routing.batch import CAPABILITIES, FWDB, AckGate, LinkItem, fwdb_body
+from routing.batch import CAPABILITIES, FWDB, RESENT, AckGate, LinkItem, fwdb_body
 
 __all__ = ["AckGate", "FramedStream", "InboundLinks", "LinkItem", "OutboundLink"]
 
@@ -209,7 +211,7 @@ class OutboundLink:
             nursery.start_soon(self._read_acks, link, nursery.cancel_scope)
             # Resend what the previous connection left unacknowledged, in order.
             for seq in sorted(self.unacked):
-                await self._send_batch(link, seq, self.unacked[seq])
+                await self._send_batch(link, seq, self.unacked[seq], resent=True)
             while True:
                 while self.requests:
                     msg_type, fields, on_reply = self.requests.popleft()
@@ -236,9 +238,11 @@ class OutboundLink:
                 if not self.queue and not self.requests:
                     await self._wake.wait()
 
-    async def _send_batch(self, link: FramedStream, seq: int, batch: list[LinkItem]) -> None:
+    async def _send_batch(self, link: FramedStream, seq: int, batch: list[LinkItem], resent: bool = False) -> None:
         if self.batched:
-            await link.send_body(fwdb_body(self.node_id, self.epoch, seq, batch))
+            await link.send_body(fwdb_body(self.node_id, self.epoch, seq, batch, resent))
+        elif resent:
+            await link.send("fwd", e=self.epoch, s=seq, m=[i.fwd_item() for i in batch], **{RESENT: True})
         else:
             await link.send("fwd", e=self.epoch, s=seq, m=[i.fwd_item() for i in batch])
 
@@ -269,13 +273,14 @@ class InboundLinks:
     """Accepts links from peers and hands their frames to `handle_batch`."""
 
     def __init__(self, cluster_name: str, gossip: LinkGossip, node_id: str,
-                 handle_batch: Callable[[str, list[object], bool], None],
+                 handle_batch: Callable[[str, list[object], bool, bool], None],
                  batch_taken: Callable[[], Awaitable[None]],
                  handle_request: Callable[[str, Frame], Reply | Awaitable[Reply]]) -> None:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self.node_id = node_id
-        self.handle_batch = handle_batch  # (peer, items, packed: `fwdb` items, else `fwd` ones)
+        # (peer, items, packed: `fwdb` items, else `fwd` ones, resent: the batch's resend mark)
+        self.handle_batch = handle_batch
         self.batch_taken = batch_taken  # waits until a taken batch may be acknowledged
         self.handle_request = handle_request
         # Highest batch taken per (peer, peer epoch): resends after a reconnect are
@@ -347,6 +352,6 @@ class InboundLinks:
             raise ValueError("bad fwd frame")
         key = (peer, epoch)
         if seq > self.taken.get(key, 0):
-            self.handle_batch(peer, items, packed)
+            self.handle_batch(peer, items, packed, frame.get(RESENT) is True)
             self.taken[key] = seq
 

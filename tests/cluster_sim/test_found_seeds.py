@@ -159,3 +159,18 @@ def test_a_copy_is_pushed_where_its_session_went_on_after_the_copy_expired() -> 
     # (routing/handoff_driver.py `_note_claim_run`).
     assert simulate_seed(3, 6, 15, 4440) == "seed=4440 ok"
     assert simulate_seed(3, 6, 15, 5796) == "seed=5796 ok"
+
+
+# ------------------------------------------------- a link batch resent to a node that restarted
+
+
+def test_a_batch_resent_to_a_node_that_restarted_is_not_a_second_qos2_delivery() -> None:
+    # Seed 7863 of 3 nodes, 6 clients, 15 s: n1 took a forwarded batch, put p0/1/8 in
+    # flight to s1 and was killed before its acknowledgement left; restarted, it took
+    # the batch n2 sent again as new (what it took is not kept across a restart) and
+    # s1 got p0/1/8 twice, once as the DUP resend of its restored in-flight copy.
+    # Seed 2864: the same, the copy delivered just before the kill.  A batch sent again
+    # now carries a resend mark (routing/batch.py `RESENT`, optional): a session that
+    # holds its message does not take it again, the others get it with DUP=1.
+    assert simulate_seed(3, 6, 15, 7863) == "seed=7863 ok"
+    assert simulate_seed(3, 6, 15, 2864) == "seed=2864 ok"

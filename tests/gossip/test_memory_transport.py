@@ -413,7 +413,7 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         }
         formats: list[bool] = []
 
-        def take(peer: str, items: list[object], packed: bool) -> None:
+        def take(peer: str, items: list[object], packed: bool, resent: bool) -> None:
             # Batched frames once the receiver's link_caps came back, `fwd` ones before.
             formats.append(packed)
             read = unpack if packed else unpack_fwd

@@ -8,7 +8,7 @@ import pytest
 
 from gossip import wire
 from mqtt import EMPTY_PROPERTIES, Properties
-from routing.batch import FWDB, LinkItem, OutgoingMessage, fwdb_body, unpack, unpack_fwd
+from routing.batch import FWDB, RESENT, LinkItem, OutgoingMessage, fwdb_body, unpack, unpack_fwd
 from routing.wire import ForwardedItem
 from session_store import records
 from session_store.model import Message
@@ -31,6 +31,14 @@ def test_a_frame_of_items_reads_back_as_the_messages_and_their_targets() -> None
     assert first[1:] == (True, [], False, False, ())
     assert records.message_map(second[0]) == records.message_map(RICH)
     assert second[1:] == (False, [("g", "s/#"), ("h", "+/2")], True, True, ("B", "C"))
+
+
+def test_a_batch_sent_again_carries_the_resend_mark_and_a_first_send_none() -> None:
+    # Optional: a receiver that restarted takes a resent batch as new, and must know
+    # its messages may have reached their subscribers already.
+    items = [LinkItem(OutgoingMessage(MSG), plain=True)]
+    assert RESENT not in wire.decode_frame_body(fwdb_body("A", "3.1", 9, items))
+    assert wire.decode_frame_body(fwdb_body("A", "3.1", 9, items, resent=True))[RESENT] is True
 
 
 @pytest.mark.parametrize("n", [0, 1, 23, 24, 255, 256])
