@@ -523,6 +523,7 @@ class Handoffs:
         step: Step = machine.start()
         redirects = 0
         giver_marked = False
+        begin_mark: int | None = None  # the giver's mark when it gave its copy (ho_begin's "upto")
         phases: list[tuple[str, float]] = []  # for the debug log: where the time goes
         while True:
             phases.append((type(step).__name__ + ":" + getattr(step, "frame_type", ""), self.clock.now() - started))
@@ -537,6 +538,9 @@ class Handoffs:
                     except (TypeError, ValueError) as exc:
                         self.malformed += 1
                         log.warning("dropping a malformed claim from %s: %s", machine.owner, exc)
+                if step.frame_type == "ho_begin":
+                    upto = reply.get("upto")
+                    begin_mark = upto if isinstance(upto, int) else None
                 taken_in = self.taken_in.get(client_id)
                 if (step.frame_type == "ho_commit" and not giver_marked and taken_in is not None
                         and isinstance(reply.get("upto"), int)):
@@ -557,9 +561,13 @@ class Handoffs:
                 # to deliver (see `TakenIn`); the fences fill in the marks.
                 taken = self.taken_in[client_id] = TakenIn(machine.owner, self.clock.wall(),
                                                            fresh=stale is None or not stale.persistent)
-                # Until the commit gives the giver's mark, what comes from it directly
-                # is delivered: the tail's merge drops what its copy had too.
-                taken.marks[machine.owner] = 0
+                # Until the commit gives the giver's mark, what it published after it
+                # gave its copy and sends directly is delivered: the tail's merge drops
+                # what its copy had too.  What it published before reached that copy,
+                # which delivered it or brought it here (simulator seed 2523 of 3 nodes,
+                # 6 clients, 15 s: a message held for this node while it was cut off,
+                # replayed at the heal during the takeover, was delivered a second time).
+                taken.marks[machine.owner] = begin_mark or 0
                 # Synced here and fenced everywhere, at the same time.
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.cluster.wait_durable)
@@ -906,7 +914,10 @@ class Handoffs:
         self.broker.detach_for_handoff(cid, now)
         self.giving[cid] = Giving(cid, peer, now)
         q, cur, more = queue_chunk(session.queue if session.queued else (), 0)
-        return {"ok": True, "img": self._image(session), "q": q, "cur": cur, "more": more}
+        # "upto" (optional; an older taker skips it): what this node published so far
+        # reached the copy given now (see `TakenIn.giver_kept`).
+        return {"ok": True, "img": self._image(session), "q": q, "cur": cur, "more": more,
+                "upto": self.cluster.forward_mark()}
 
     async def _answer_flush(self, peer: str) -> tuple[str, Fields]:
         await self.cluster.drain_link(peer, FENCE_TIMEOUT)
