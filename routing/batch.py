@@ -79,7 +79,7 @@ class LinkItem:
     """One forwarded message's share for one peer, queued on that peer's link until
     the peer acknowledges the batch that carried it."""
 
-    __slots__ = ("out", "plain", "groups", "keep_retained", "replay", "qos", "gate", "held_seq")
+    __slots__ = ("out", "plain", "groups", "keep_retained", "replay", "qos", "gate", "held_seq", "sent")
 
     def __init__(self, out: OutgoingMessage, plain: bool, groups: Sequence[tuple[str, str]] = (),
                  keep_retained: bool = False, replay: bool = False, gate: AckGate | None = None,
@@ -92,6 +92,9 @@ class LinkItem:
         self.qos = out.message.qos
         self.gate = gate  # what the publisher's acknowledgement waits on (QoS >= 1)
         self.held_seq = held_seq  # a replayed held message: its record goes once acknowledged
+        # Sent once in a batch that was never acknowledged: the peer may have taken it,
+        # so the batch that carries it again bears the resend mark.
+        self.sent = False
 
     @property
     def message(self) -> Message:

@@ -116,6 +116,7 @@ class OutboundLink:
         self.on_acked = on_acked
         self.queue: deque[LinkItem | _Marker] = deque()
         self.unacked: dict[int, list[LinkItem]] = {}
+        self.sent_queued = 0  # queued items that were sent before (`LinkItem.sent`)
         self._seq = itertools.count(1)
         self._wake = trio.Event()
         self._retry = trio.Event()  # set: reconnect now, without waiting out the backoff
@@ -134,6 +135,8 @@ class OutboundLink:
                 log.warning("link to %s: send queue full (%d); dropped %d messages", self.peer, MAX_QUEUED, self.dropped)
             return False
         self.queue.append(item)
+        if item.sent:
+            self.sent_queued += 1
         self._wake.set()
         return True
 
@@ -169,7 +172,12 @@ class OutboundLink:
             [i for i in self.queue if isinstance(i, LinkItem)]
 
     def fail_all(self) -> list[LinkItem]:
-        """The peer is down: hand back everything not acknowledged."""
+        """The peer is down: hand back everything not acknowledged (what went in a
+        batch marked `sent`)."""
+        for batch in self.unacked.values():
+            for item in batch:
+                item.sent = True
+        self.sent_queued = 0
         items = self.pending()
         self.unacked.clear()
         self.queue.clear()
@@ -229,7 +237,12 @@ class OutboundLink:
                     if batch:
                         seq = next(self._seq)
                         self.unacked[seq] = batch
-                        await self._send_batch(link, seq, batch)
+                        resent = False
+                        if self.sent_queued:
+                            again = sum(1 for i in batch if i.sent)
+                            self.sent_queued -= again
+                            resent = again > 0
+                        await self._send_batch(link, seq, batch, resent)
                         self.sent_batches += 1
                     if marker is not None:
                         self._pending_replies.append(marker.on_reply)

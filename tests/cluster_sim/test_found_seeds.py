@@ -200,3 +200,14 @@ def test_a_stale_copy_merged_into_a_session_taken_back_skips_what_the_session_wa
     # now leaves that out (session_store/handoff.py `merge_stale`).
     for seed in (5627, 6074, 6925, 8169):
         assert simulate_seed(3, 6, 15, seed) == f"seed={seed} ok"
+
+
+def test_a_held_message_that_went_in_a_batch_never_acknowledged_is_replayed_as_a_resend() -> None:
+    # Seed 1961 of 3 nodes, 6 clients, 15 s: n0 took a batch with p0/1/9 for s1 and was
+    # killed before its acknowledgement left; n1 held the batch's messages for n0 while
+    # it was down and replayed them at its restart, and s1 got p0/1/9 twice (once as the
+    # DUP resend of its restored in-flight copy).  Seed 8242: the same, the copy
+    # delivered just before the kill.  What went in a batch never acknowledged is
+    # replayed in a batch with the resend mark (`LinkItem.sent`).
+    assert simulate_seed(3, 6, 15, 1961) == "seed=1961 ok"
+    assert simulate_seed(3, 6, 15, 8242) == "seed=8242 ok"
