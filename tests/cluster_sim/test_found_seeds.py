@@ -211,3 +211,12 @@ def test_a_held_message_that_went_in_a_batch_never_acknowledged_is_replayed_as_a
     # replayed in a batch with the resend mark (`LinkItem.sent`).
     assert simulate_seed(3, 6, 15, 1961) == "seed=1961 ok"
     assert simulate_seed(3, 6, 15, 8242) == "seed=8242 ok"
+
+
+def test_a_session_that_expires_at_its_giver_during_a_takeover_does_not_close_the_connect() -> None:
+    # Seed 7633 of 3 nodes, 6 clients, 15 s: s0's CONNECT at n0 came as its session
+    # expired at n2; n2 gave the image, then the session expired there before the
+    # commit, and n2 answered "aborted", which closed the CONNECT with 0x8E as if a
+    # newer one had won elsewhere (the client got no SUBACK).  The giver now answers
+    # "none": the taker goes on with what it got.
+    assert simulate_seed(3, 6, 15, 7633) == "seed=7633 ok"
