@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sized
 import faults
 from clock import Clock, SystemClock
 from hooks import HookPoint, Hooks
-from mesh.client_port import ClientPort, PublishCache
+from mesh.client_port import ClientPort
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
 from mqtt.topics import parse_shared_subscription
 from oplog import Event, log_event
@@ -610,7 +610,6 @@ class Broker:
         if not matches and not shared_keys:
             return 0
         sessions = self.sessions
-        cache: PublishCache = {}
         if len(matches) == 1 and not shared_keys:
             # One filter and no shared group (the common case): no session can match
             # twice, so nothing to merge: no targets dict, no list per subscriber.
@@ -627,7 +626,7 @@ class Broker:
                                     msg.retain and options.retain_as_published, (sub_id,) if sub_id else ())
                 if dup:
                     delivery.dup = True
-                self.deliver(session, delivery, now, cache)
+                self.deliver(session, delivery, now)
                 delivered += 1
             return delivered
         # One copy per session: highest QoS, every subscription identifier (MQTT-3.3.4-2..5).
@@ -649,7 +648,7 @@ class Broker:
             delivery = Delivery(msg, t.qos, t.retain, tuple(t.subscription_ids))
             if dup:
                 delivery.dup = True
-            self.deliver(t.session, delivery, now, cache)
+            self.deliver(t.session, delivery, now)
         return len(targets)
 
     def _shared_keys(self, topic: str, only_groups: list[tuple[str, str]] | None,
@@ -717,7 +716,7 @@ class Broker:
         self._shared_next[key] = (start + 1) % n
         return fallback
 
-    def deliver(self, session: Session, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
+    def deliver(self, session: Session, delivery: Delivery, now: float) -> None:
         if self.remembered and session.client_id in self.remembered:
             # A session that remembers what it was given (a copy of it elsewhere is to
             # be merged into it) takes each message once, whichever way it came.
@@ -727,9 +726,9 @@ class Broker:
             self._remember(session.client_id, msg)
         conn = self.connections.get(session.client_id)
         if conn is not None:
-            conn.deliver(delivery, now, cache)
+            conn.deliver(delivery, now)
             if faults.DOUBLE_DELIVER_QOS2 and delivery.qos == 2:  # BUGGIFY: a second copy
-                conn.deliver(Delivery(delivery.message, 2, delivery.retain, delivery.subscription_ids), now, None)
+                conn.deliver(Delivery(delivery.message, 2, delivery.retain, delivery.subscription_ids), now)
             return
         if not session.persistent:
             return

@@ -28,7 +28,6 @@ from hooks import HookPoint
 from hooks.registry import PendingPublish
 from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
 from mesh.acl import ClientAcl
-from mesh.client_port import PublishCache
 from mesh.limits import TokenBucket
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, patch_publish
 from mqtt.server import ConnectRefused, ProtocolViolation, PublishReleased, PublishRepeated, ServerConnection, ServerSettings
@@ -45,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshd.connection")
 
 OUTBOX_LIMIT = 4 * 1024 * 1024
+
+# At most this many encodings kept on a message (`Message.encoded`): subscription
+# identifiers differ per subscriber, and a message may wait in queues a long time.
+_ENCODED_KINDS = 4
 
 # Topics no client may publish to: the server's $SYS tree and shared-subscription names.
 _RESERVED_TOPIC_PREFIXES = ("$SYS/", "$share/")
@@ -356,7 +359,7 @@ class Client:
 
     # -------------------------------------------------------------- delivery
 
-    def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
+    def deliver(self, delivery: Delivery, now: float) -> None:
         """Send one delivery now, or queue it behind the inflight window."""
         replays = self.replays
         if replays is not None and replays.intercept(delivery):
@@ -379,7 +382,7 @@ class Client:
                 self.broker.stats.dropped_slow_consumer += 1
                 self.broker.dropped(delivery.message, "slow_consumer")
                 return
-            self._send_publish(delivery, None, False, now, cache)
+            self._send_publish(delivery, None, False, now)
             return
         if session.queued or self.machine.window_full:
             self.broker.stats.window_full += 1
@@ -387,7 +390,7 @@ class Client:
             return
         pid = self.machine.allocate_packet_id()
         self.broker.add_inflight(session, pid, delivery)
-        self._send_publish(delivery, pid, delivery.dup, now, cache)
+        self._send_publish(delivery, pid, delivery.dup, now)
 
     def replay_has_room(self) -> bool:
         """Whether a replay may hand this client its next message now (flow control:
@@ -396,17 +399,25 @@ class Client:
         return (session is not None and not self.closing and not session.queued and not self.machine.window_full
                 and self._outbox_bytes < OUTBOX_LIMIT // 4)
 
-    def _send_publish(self, d: Delivery, packet_id: int | None, dup: bool, now: float, cache: PublishCache | None) -> None:
+    def _send_publish(self, d: Delivery, packet_id: int | None, dup: bool, now: float) -> None:
         machine = self.machine
+        msg = d.message
         data: bytes | None = None
         key = None
-        if cache is not None and not machine.topic_alias_out_max:
-            key = (machine.protocol_level, d.qos, d.retain, d.subscription_ids)
-            data = cache.get(key)
+        cache = msg.encoded
+        level = machine.protocol_level
+        # The message's bytes for this client's kind (`Message.encoded`), unless they are
+        # this client's own (topic aliases), depend on `now` (v5 message expiry), or the
+        # message is retained (kept for later subscribers: its bytes would be kept too).
+        if not machine.topic_alias_out_max and not msg.retain and (level != 5 or msg.expires_at is None):
+            key = (level, d.qos, d.retain, d.subscription_ids)
+            if cache is None:
+                cache = msg.encoded = {}
+            else:
+                data = cache.get(key)
         if data is None:
-            msg = d.message
             props = EMPTY_PROPERTIES
-            if machine.protocol_level == 5:
+            if level == 5:
                 props = msg.properties
                 if d.subscription_ids or msg.expires_at is not None:  # per delivery (MQTT-3.3.2-6, 3.3.4-3)
                     props = replace(
@@ -417,7 +428,7 @@ class Client:
             if data is None:
                 self._drop_too_large(d.message, packet_id)
                 return
-            if key is not None and cache is not None:
+            if key is not None and cache is not None and len(cache) < _ENCODED_KINDS:
                 cache[key] = data
         else:
             limit = machine.client_max_packet
@@ -426,7 +437,7 @@ class Client:
                 self._drop_too_large(d.message, packet_id)
                 return
             if packet_id is not None:
-                data = patch_publish(data, packet_id=packet_id)
+                data = patch_publish(data, packet_id=packet_id, dup=dup)
         self.broker.stats.messages_out[d.qos] += 1
         if d.qos == 2 and self.broker.store.replicated_floor is not None:
             # Sync session replication: a QoS 2 PUBLISH leaves once its packet id is on
@@ -461,11 +472,11 @@ class Client:
                 continue
             if d.qos == 0:
                 broker.release_dequeued(session, d)
-                self._send_publish(d, None, False, now, None)
+                self._send_publish(d, None, False, now)
                 continue
             pid = machine.allocate_packet_id()
             broker.add_inflight(session, pid, d)
-            self._send_publish(d, pid, d.dup, now, None)
+            self._send_publish(d, pid, d.dup, now)
 
     def _resume(self, now: float) -> None:
         """Session resumed: resend unacknowledged PUBLISHes with DUP=1 and pending
@@ -486,7 +497,7 @@ class Client:
                 self.broker.stats.dropped_expired += 1
                 self.broker.dropped(entry.delivery.message, "expired")
             else:
-                self._send_publish(entry.delivery, pid, True, now, None)
+                self._send_publish(entry.delivery, pid, True, now)
         self._fill_window(now)
 
     # -------------------------------------------------------------- handlers

@@ -9,10 +9,6 @@ from mqtt import Will
 from session_store.model import Delivery, Session
 
 
-# The bytes of one message already encoded for a publish's subscribers, by what makes
-# them differ: (protocol level, QoS, retain flag, subscription identifiers).
-PublishCache = dict[tuple[int, int, bool, tuple[int, ...]], bytes]
-
 
 class ClientPort(Protocol):
     @property
@@ -38,9 +34,8 @@ class ClientPort(Protocol):
     def keep_alive(self) -> int:
         """The keep alive granted, in seconds (0: none)."""
 
-    def deliver(self, delivery: Delivery, now: float, cache: PublishCache | None = None) -> None:
-        """Send now, or queue behind the client's inflight window. `cache` holds the
-        bytes already encoded for this message, shared by the subscribers of one publish."""
+    def deliver(self, delivery: Delivery, now: float) -> None:
+        """Send now, or queue behind the client's inflight window."""
 
     def close(self, reason: int | None = None) -> None:
         """End the connection from the server side (DISCONNECT `reason` on v5)."""

@@ -1,6 +1,7 @@
-"""Immutable MQTT packet objects, one class per control packet type.
+"""MQTT packet objects, one class per control packet type.
 
-Packets are plain values: the decoder produces them, the encoder consumes them, and they
+Packets are plain values, never changed once built (frozen dataclasses, but for the
+publish path's five: see `Publish`): the decoder produces them, the encoder consumes them, and they
 mean the same thing at every protocol level (reason codes are always MQTT 5 values;
 properties are `EMPTY_PROPERTIES` on 3.1/3.1.1). Cheap sanity checks run when a packet
 is built and raise `LocalProtocolError`; the rest is checked by the encoder.
@@ -121,7 +122,13 @@ class Connack:
     properties: Properties = EMPTY_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+# The packets of the publish path (PUBLISH and its acks, one or more per message) have
+# an `__init__` of their own, not the dataclass's: mypyc compiles a written one (~40 ns),
+# while the one `dataclass` generates, frozen, stays Python and assigns each field through
+# `object.__setattr__` (0.8-2 us, a tenth of a QoS 1 delivery's CPU). Not frozen, then:
+# they are values all the same, never changed once built (`dataclasses.replace` makes
+# another); `unsafe_hash` keeps them hashable as the frozen ones are.
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Publish:
     topic: str
     payload: bytes = b""
@@ -131,49 +138,69 @@ class Publish:
     packet_id: int | None = None
     properties: Properties = EMPTY_PROPERTIES
 
-    def __post_init__(self) -> None:
-        if self.qos not in (0, 1, 2):
-            raise LocalProtocolError(f"PUBLISH QoS must be 0, 1 or 2, not {self.qos!r}")
+    def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False, dup: bool = False,
+                 packet_id: int | None = None, properties: Properties = EMPTY_PROPERTIES) -> None:
+        if qos != 0 and qos != 1 and qos != 2:
+            raise LocalProtocolError(f"PUBLISH QoS must be 0, 1 or 2, not {qos!r}")
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = properties
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Puback:
     packet_id: int
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES
 
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id, "PUBACK")
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
+        _check_packet_id(packet_id, "PUBACK")
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Pubrec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES
 
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id, "PUBREC")
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
+        _check_packet_id(packet_id, "PUBREC")
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Pubrel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES
 
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id, "PUBREL")
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
+        _check_packet_id(packet_id, "PUBREL")
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Pubcomp:
     packet_id: int
     reason_code: int = 0
     properties: Properties = EMPTY_PROPERTIES
 
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id, "PUBCOMP")
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
+        _check_packet_id(packet_id, "PUBCOMP")
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,10 @@ from mqtt import Properties, Will
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
+# The bytes of one message encoded for its subscribers, by what makes them differ:
+# (protocol level, QoS, retain flag, subscription identifiers).
+PublishCache = dict[tuple[int, int, bool, tuple[int, ...]], bytes]
+
 
 class Message:
     """One application message as published; shared by every subscriber it goes to.
@@ -36,7 +40,8 @@ class Message:
     alias, no subscription identifiers: those are per delivery).
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "properties", "expires_at", "publisher", "msg_id", "origin")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "expires_at", "publisher", "msg_id", "origin",
+                 "encoded")
 
     def __init__(
         self,
@@ -61,6 +66,10 @@ class Message:
         # The node that accepted the publish: (origin, msg_id) names a message
         # cluster-wide, which is how a session handoff drops copies that came twice.
         self.origin = origin
+        # Its PUBLISH bytes as sent to subscribers, by what makes them differ (`PublishCache`),
+        # made by the first send: encoded once per message, whether it leaves at once or
+        # from a session's queue (the packet id is patched in).
+        self.encoded: PublishCache | None = None
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
