@@ -29,7 +29,7 @@ from hooks.registry import PendingPublish
 from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
 from mesh.acl import ClientAcl
 from mesh.limits import TokenBucket
-from mqtt import EMPTY_PROPERTIES, Connect, Properties, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, patch_publish
+from mqtt import EMPTY_PROPERTIES, Connect, Properties, Disconnect, Pingreq, Puback, Pubcomp, Publish, Pubrec, ReasonCode, Subscribe, Unsubscribe, Will, split_publish
 from mqtt.server import ConnectRefused, ProtocolViolation, PublishReleased, PublishRepeated, ServerConnection, ServerSettings
 from oplog import Event, log_event
 from routing.links import AckGate
@@ -172,50 +172,56 @@ class Client:
         when the connection must end. Stops at a CONNECT that must await (`pending_connect`)
         and at a PUBLISH whose message.publish hooks must be awaited (`pending_publish`)."""
         machine = self.machine
-        while not self.closing:
-            event = machine.next_event()
-            if event is None:
-                return False
-            if type(event) is Publish:
-                if self._on_publish(event, now):
+        acked = False  # a PUBACK or PUBCOMP freed a slot: the window is filled once, after them all
+        try:
+            while not self.closing:
+                event = machine.next_event()
+                if event is None:
                     return False
-            elif type(event) is Puback or type(event) is Pubcomp:
-                self._on_ack(event.packet_id, now)
-            elif type(event) is Pubrec:
-                self._on_pubrec(event, now)
-            elif type(event) is PublishReleased:
-                if event.known:
-                    assert self.session is not None
-                    self.broker.qos2_released(self.session, event.packet_id)
-                self.write(machine.pubcomp(event.packet_id, event.known))
-            elif type(event) is PublishRepeated:
-                self.write(machine.pubrec(event.packet_id))  # taken already: not routed again
-            elif type(event) is Subscribe:
-                self._on_subscribe(event, now)
-            elif type(event) is Unsubscribe:
-                self._on_unsubscribe(event)
-            elif type(event) is Pingreq:
-                self.write(machine.pingresp())
-            elif type(event) is Disconnect:
-                if event.properties.session_expiry_interval is not None:
-                    assert self.session is not None
-                    self.broker.set_expiry(self.session, event.properties.session_expiry_interval)
-                self.close_reason = ("client_disconnect", event.reason_code)
-                self.closing = True
-                self.release_slot()  # the client is gone as of now: its slot is free for its reconnect
-            elif type(event) is Connect:
-                self.client_id, self.username = event.client_id, event.username
-                if not self.can_connect_now(event):
-                    self.pending_connect = event
-                    return False
-                if not (self.admit() and self.authorize(event, self.authenticate_now(event))):
-                    return True
-                self.open_session(event, now)
-            elif type(event) is ConnectRefused:
-                self.refuse(event.reason_code, event.message)
-            elif type(event) is ProtocolViolation:
-                self._protocol_violation(event)
-        return True
+                if type(event) is Publish:
+                    if self._on_publish(event, now):
+                        return False
+                elif type(event) is Puback or type(event) is Pubcomp:
+                    self._on_ack(event.packet_id)
+                    acked = True
+                elif type(event) is Pubrec:
+                    self._on_pubrec(event, now)
+                elif type(event) is PublishReleased:
+                    if event.known:
+                        assert self.session is not None
+                        self.broker.qos2_released(self.session, event.packet_id)
+                    self.write(machine.pubcomp(event.packet_id, event.known))
+                elif type(event) is PublishRepeated:
+                    self.write(machine.pubrec(event.packet_id))  # taken already: not routed again
+                elif type(event) is Subscribe:
+                    self._on_subscribe(event, now)
+                elif type(event) is Unsubscribe:
+                    self._on_unsubscribe(event)
+                elif type(event) is Pingreq:
+                    self.write(machine.pingresp())
+                elif type(event) is Disconnect:
+                    if event.properties.session_expiry_interval is not None:
+                        assert self.session is not None
+                        self.broker.set_expiry(self.session, event.properties.session_expiry_interval)
+                    self.close_reason = ("client_disconnect", event.reason_code)
+                    self.closing = True
+                    self.release_slot()  # the client is gone as of now: its slot is free for its reconnect
+                elif type(event) is Connect:
+                    self.client_id, self.username = event.client_id, event.username
+                    if not self.can_connect_now(event):
+                        self.pending_connect = event
+                        return False
+                    if not (self.admit() and self.authorize(event, self.authenticate_now(event))):
+                        return True
+                    self.open_session(event, now)
+                elif type(event) is ConnectRefused:
+                    self.refuse(event.reason_code, event.message)
+                elif type(event) is ProtocolViolation:
+                    self._protocol_violation(event)
+            return True
+        finally:
+            if acked:
+                self._window_freed(now)
 
     def refuse(self, reason_code: int, detail: str) -> None:
         """Refuse the CONNECT: one `client.refused` line, then the CONNACK with the code."""
@@ -407,14 +413,17 @@ class Client:
         cache = msg.encoded
         level = machine.protocol_level
         # The message's bytes for this client's kind (`Message.encoded`), unless they are
-        # this client's own (topic aliases), depend on `now` (v5 message expiry), or the
-        # message is retained (kept for later subscribers: its bytes would be kept too).
-        if not machine.topic_alias_out_max and not msg.retain and (level != 5 or msg.expires_at is None):
+        # this client's own (topic aliases), depend on `now` (v5 message expiry), the
+        # message is retained (kept for later subscribers: its bytes would be kept too),
+        # or this is a resend (DUP: rare).
+        if not dup and not machine.topic_alias_out_max and not msg.retain and (level != 5 or msg.expires_at is None):
             key = (level, d.qos, d.retain, d.subscription_ids)
             if cache is None:
                 cache = msg.encoded = {}
             else:
-                data = cache.get(key)
+                parts = cache.get(key)
+                if parts is not None:
+                    data = parts[0] if packet_id is None else b"".join((parts[0], packet_id.to_bytes(2, "big"), parts[1]))
         if data is None:
             props = EMPTY_PROPERTIES
             if level == 5:
@@ -429,15 +438,13 @@ class Client:
                 self._drop_too_large(d.message, packet_id)
                 return
             if key is not None and cache is not None and len(cache) < _ENCODED_KINDS:
-                cache[key] = data
+                cache[key] = (data, b"") if packet_id is None else split_publish(data)
         else:
             limit = machine.client_max_packet
             if limit is not None and len(data) > limit:
                 machine.release_packet_id(packet_id or 0)
                 self._drop_too_large(d.message, packet_id)
                 return
-            if packet_id is not None:
-                data = patch_publish(data, packet_id=packet_id, dup=dup)
         self.broker.stats.messages_out[d.qos] += 1
         if d.qos == 2 and self.broker.store.replicated_floor is not None:
             # Sync session replication: a QoS 2 PUBLISH leaves once its packet id is on
@@ -464,8 +471,9 @@ class Client:
         broker = self.broker
         machine = self.machine
         while queue and not machine.window_full and not self.closing:
-            d = broker.dequeue(session)
-            if d.message.expired(now):
+            d = queue.popleft()  # `Broker.dequeue`, inline: once per queued delivery
+            expires_at = d.message.expires_at
+            if expires_at is not None and now >= expires_at:  # Message.expired, inline
                 broker.release_dequeued(session, d)
                 broker.stats.dropped_expired += 1
                 broker.dropped(d.message, "expired")
@@ -713,16 +721,20 @@ class Client:
             return ReasonCode.NOT_AUTHORIZED
         return None
 
-    def _on_ack(self, packet_id: int, now: float) -> None:
+    def _on_ack(self, packet_id: int) -> None:
+        """PUBACK or PUBCOMP: the exchange ended. The window is filled once the read's
+        acks are all handled (`_window_freed`): one pass for all the slots they freed."""
         session = self.session
         assert session is not None
-        hooks = self.broker.hooks
-        if hooks.message_acked:
+        broker = self.broker
+        if broker.hooks.message_acked:
             entry = session.inflight.get(packet_id)
             if entry is not None:
-                hooks.notify(HookPoint.MESSAGE_ACKED, self.client_id, entry.delivery.message)
-        if self.broker.release_inflight(session, packet_id):
-            self._fill_window(now)
+                broker.hooks.notify(HookPoint.MESSAGE_ACKED, self.client_id, entry.delivery.message)
+        broker.release_inflight(session, packet_id)
+
+    def _window_freed(self, now: float) -> None:
+        self._fill_window(now)
         if self.replays is not None:
             self.replays.room()
 

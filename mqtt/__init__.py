@@ -8,11 +8,13 @@ Bytes in, packets out; packets in, bytes out. Nothing here does I/O or reads a c
         ...
     data_to_socket = encode(Connack(reason_code=ReasonCode.SUCCESS), decoder.protocol_level)
 
-Packets are frozen dataclasses whose reason codes are always MQTT 5 values; the codec
-maps them to and from v3.1.1 at the edge. Errors carry the v5 reason code to answer with:
-`RemoteProtocolError` when the peer broke the rules (the only thing the decoder raises),
-`LocalProtocolError` when we tried to send something invalid. For fan-out, encode a
-PUBLISH once and give each subscriber `patch_publish(data, packet_id=..., dup=...)`.
+Packets are dataclasses (values, never changed once built) whose reason codes are always
+MQTT 5 values; the codec maps them to and from v3.1.1 at the edge. Errors carry the v5
+reason code to answer with: `RemoteProtocolError` when the peer broke the rules (the only
+thing the decoder raises), `LocalProtocolError` when we tried to send something invalid.
+For fan-out, encode a PUBLISH once and give each subscriber `patch_publish(data,
+packet_id=..., dup=...)`, or split it once at its packet id (`split_publish`) and join
+each subscriber's id in.
 
 `mqtt.server.ServerConnection` is the server side of one connection on top of the
 codec (bytes and `now` in, events out, send methods that return bytes).
@@ -26,7 +28,7 @@ import native
 native.add_compiled(__path__)
 
 from .decoder import Decoder
-from .encoder import encode, patch_publish
+from .encoder import encode, patch_publish, split_publish
 from .errors import (
     ClientIdentifierNotValid,
     LocalProtocolError,
@@ -71,7 +73,7 @@ from .topics import (
 )
 
 __all__ = [
-    "Decoder", "encode", "patch_publish",
+    "Decoder", "encode", "patch_publish", "split_publish",
     "MQTTError", "RemoteProtocolError", "LocalProtocolError", "MalformedPacket",
     "ProtocolError", "PacketTooLarge", "UnsupportedProtocolVersion", "TopicFilterInvalid",
     "TopicNameInvalid", "TopicAliasInvalid", "ClientIdentifierNotValid",

@@ -46,7 +46,7 @@ from .reason_codes import (
 )
 from .topics import validate_topic_filter
 
-__all__ = ["encode", "encode_plain_publish", "patch_publish"]
+__all__ = ["encode", "encode_plain_publish", "patch_publish", "split_publish"]
 
 _LEVELS = (3, 4, 5)
 _PINGREQ = b"\xc0\x00"
@@ -171,6 +171,22 @@ def patch_publish(encoded: bytes, *, packet_id: int | None = None, dup: bool | N
     return b"".join(
         (bytes((first,)), encoded[1:pid_at], packet_id.to_bytes(2, "big"), encoded[pid_at + 2 :])
     )
+
+
+def split_publish(encoded: bytes) -> tuple[bytes, bytes]:
+    """The bytes of an encoded QoS>0 PUBLISH before and after its packet id, so that
+    `head + packet_id.to_bytes(2, "big") + tail` is the same PUBLISH under another id
+    (DUP flag as encoded). One message's bytes are split once and joined for each
+    subscriber: cheaper than `patch_publish` for each, which finds the id every time."""
+    first = encoded[0]
+    if first >> 4 != 3 or not first & 0x06:
+        raise LocalProtocolError("split_publish: not an encoded QoS>0 PUBLISH")
+    pos = 1
+    while encoded[pos] & 0x80:
+        pos += 1
+    pos += 1
+    pid_at = pos + 2 + ((encoded[pos] << 8) | encoded[pos + 1])
+    return encoded[:pid_at], encoded[pid_at + 2:]
 
 
 # --- everything else ---------------------------------------------------------------------

@@ -27,9 +27,10 @@ from mqtt import Properties, Will
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
-# The bytes of one message encoded for its subscribers, by what makes them differ:
-# (protocol level, QoS, retain flag, subscription identifiers).
-PublishCache = dict[tuple[int, int, bool, tuple[int, ...]], bytes]
+# One message's PUBLISH bytes for its subscribers, by what makes them differ (protocol
+# level, QoS, retain flag, subscription identifiers): the bytes before the packet id and
+# after it (`mqtt.split_publish`; QoS 0: the whole packet, and b"").
+PublishCache = dict[tuple[int, int, bool, tuple[int, ...]], tuple[bytes, bytes]]
 
 
 class Message:

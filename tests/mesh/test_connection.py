@@ -10,7 +10,8 @@ import trio.testing
 from clock import TrioClock
 from mesh.broker import Broker
 from mesh.connection import ClientConnection
-from mqtt import Connack, Connect, Decoder, Disconnect, Packet, Pingreq, Pingresp, Publish, ReasonCode, Subscribe, Subscription, encode
+from mqtt import (Connack, Connect, Decoder, Disconnect, Packet, Pingreq, Pingresp, Properties, Puback, Publish, ReasonCode,
+                  Subscribe, Subscription, encode)
 
 
 @pytest.fixture
@@ -86,3 +87,35 @@ async def test_a_delivery_flows_through_the_machine_to_the_stream(autojump_clock
         broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
         assert await sub.recv() == Disconnect(reason_code=ReasonCode.SERVER_SHUTTING_DOWN)
         assert await pub.recv() == Disconnect(reason_code=ReasonCode.SERVER_SHUTTING_DOWN)
+
+
+async def test_a_message_queued_behind_full_windows_is_encoded_once_for_all_its_subscribers(autojump_clock):
+    """Each subscriber takes one message at a time (receive maximum 1): the rest wait in
+    their queues and leave on each PUBACK, with the subscriber's next packet id joined
+    into the message's one encoding (`Message.encoded`), DUP clear."""
+    broker = Broker()
+    async with trio.open_nursery() as nursery:
+        subs = []
+        for name in ("a", "b"):
+            sub = await _serve(nursery, broker)
+            await sub.send(Connect(client_id=name, keep_alive=0, protocol_level=5,
+                                   properties=Properties(receive_maximum=1)))
+            await sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("t/#", qos=1),)))
+            assert [type(await sub.recv()).__name__ for _ in range(2)] == ["Connack", "Suback"]
+            subs.append(sub)
+        pub = await _serve(nursery, broker)
+        await pub.send(Connect(client_id="pub", keep_alive=0, protocol_level=5))
+        assert isinstance(await pub.recv(), Connack)
+        for i in range(3):
+            await pub.send(Publish(topic="t/x", payload=b"m%d" % i, qos=1, packet_id=i + 1))
+        for sub, name in zip(subs, ("a", "b")):
+            for i in range(3):
+                got = await sub.recv()
+                assert isinstance(got, Publish)
+                assert (got.payload, got.packet_id, got.dup) == (b"m%d" % i, i + 1, False)
+                inflight = broker.sessions[name].inflight
+                assert list(inflight) == [i + 1]  # the window of 1 holds this one; the rest wait
+                encoded = inflight[i + 1].delivery.message.encoded
+                assert encoded is not None and len(encoded) == 1  # one encoding, v5 QoS 1
+                await sub.send(Puback(packet_id=i + 1))
+        broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)

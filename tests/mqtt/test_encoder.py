@@ -1,4 +1,4 @@
-"""Encoder-side checks: what cannot be encoded raises LocalProtocolError; patch_publish."""
+"""Encoder-side checks: what cannot be encoded raises LocalProtocolError; patch_publish, split_publish."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from mqtt import (
     Will,
     encode,
     patch_publish,
+    split_publish,
 )
 
 # Values of the wrong type, to check that encoding refuses them at run time.
@@ -142,6 +143,27 @@ def test_patch_publish(level, payload_size):
     decoder.feed(patch_publish(data, packet_id=77, dup=True))
     got = decoder.next_packet()
     assert (got.packet_id, got.dup, len(got.payload)) == (77, True, payload_size)
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+@pytest.mark.parametrize("payload_size", [0, 100, 20000, 3_000_000])
+@pytest.mark.parametrize("qos", [1, 2])
+def test_split_publish(level, payload_size, qos):
+    """head + packet id + tail == the same PUBLISH encoded with that id, across 1..4-byte
+    remaining lengths (what a message's subscribers get from its one encoding)."""
+    props = Properties(user_properties=(("k", "v"),), message_expiry_interval=9) if level == 5 else Properties()
+    data = encode(Publish("some/topic", b"p" * payload_size, qos=qos, retain=True, packet_id=1, properties=props), level)
+    head, tail = split_publish(data)
+    for packet_id in (1, 2, 256, 65535):
+        want = encode(Publish("some/topic", b"p" * payload_size, qos=qos, retain=True, packet_id=packet_id,
+                              properties=props), level)
+        assert head + packet_id.to_bytes(2, "big") + tail == want
+
+
+@pytest.mark.parametrize("data", [encode(Publish("t", b"x"), 4), encode(Puback(1), 4)], ids=["qos0", "not-publish"])
+def test_split_publish_refuses(data):
+    with pytest.raises(LocalProtocolError):
+        split_publish(data)
 
 
 def test_patch_publish_clears_dup_and_keeps_qos_retain():
