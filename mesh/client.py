@@ -82,11 +82,33 @@ def server_settings(broker: "Broker", connect_timeout: float) -> ServerSettings:
     return _server_settings(broker.limits, connect_timeout)
 
 
+class _Rare:
+    """What few clients need, made on first use: every slot of a `Client` is 8 bytes of
+    each idle connection, and these are None for nearly all of them."""
+
+    __slots__ = ("cert_cn", "publish_bucket", "rate_delay", "close_reason", "hook_info", "pending_connect", "pending_publish")
+
+    def __init__(self) -> None:
+        self.cert_cn: str | None = None  # TLS: the client certificate's CN, for the CONNECT
+        self.publish_bucket: TokenBucket | None = None  # publish_rate
+        self.rate_delay = 0.0  # seconds the reader pauses (publish_rate)
+        # Why the connection ended, for the `client.disconnected` line: (reason, code);
+        # None until it ends, and then a lost connection (no DISCONNECT, no close).
+        self.close_reason: tuple[str, int | None] | None = None
+        self.hook_info: ClientInfo | None = None  # made when a hook first needs it
+        self.pending_connect: Connect | None = None  # a CONNECT whose handshake must await
+        # A PUBLISH whose message.publish hooks must be awaited before it is routed.
+        self.pending_publish: tuple[Publish, PendingPublish] | None = None
+
+    def empty(self) -> bool:
+        return (self.cert_cn is None and self.publish_bucket is None and not self.rate_delay and self.close_reason is None
+                and self.hook_info is None and self.pending_connect is None and self.pending_publish is None)
+
+
 class Client:
     __slots__ = (
-        "broker", "clock", "machine", "security", "_peer", "peer_ip", "cert_cn", "transport", "client_id", "username",
-        "session", "acl", "acl_generation", "closing", "pending_connect", "pending_publish", "_publish_bucket", "_rate_delay",
-        "_pending_acks", "_holds_slot", "close_reason", "_hook_info", "replays",
+        "broker", "clock", "machine", "security", "_peer", "peer_ip", "transport", "client_id", "username",
+        "session", "acl", "acl_generation", "closing", "_pending_acks", "_holds_slot", "replays", "_rare",
     )
 
     def __init__(self, broker: "Broker", clock: Clock, settings: ServerSettings, peer: str | int, transport: str, *,
@@ -100,7 +122,9 @@ class Client:
         self.security = security
         self._peer = peer
         self.peer_ip = peer_ip
-        self.cert_cn = cert_cn
+        self._rare: _Rare | None = None  # see `_Rare`
+        if cert_cn is not None:
+            self._more().cert_cn = cert_cn
         self.transport = transport
         self.client_id = ""
         self.username: str | None = None
@@ -108,21 +132,79 @@ class Client:
         self.acl: ClientAcl | None = None  # None: no ACL configured, everything allowed
         self.acl_generation = 0
         self.closing = False
-        self.pending_connect: Connect | None = None  # a CONNECT whose handshake must await
-        # A PUBLISH whose message.publish hooks must be awaited before it is routed.
-        self.pending_publish: tuple[Publish, PendingPublish] | None = None
         rate = security.settings.publish_rate if security is not None else 0.0
-        self._publish_bucket = TokenBucket(rate, max(1.0, rate)) if rate else None
-        self._rate_delay = 0.0  # seconds the reader pauses (publish_rate)
+        if rate:
+            self._more().publish_bucket = TokenBucket(rate, max(1.0, rate))
         # Acks waiting for a sync or a remote node, in order; created on first use.
         self._pending_acks: deque[tuple[int, AckGate | None, bytes]] | None = None
         self._holds_slot = False  # admitted: one of security's max_connections slots is ours
-        # Why the connection ended, for the `client.disconnected` line: (reason, code);
-        # None until it ends, and then a lost connection (no DISCONNECT, no close).
-        self.close_reason: tuple[str, int | None] | None = None
-        self._hook_info: ClientInfo | None = None  # made when a hook first needs it
         # This client's replay subscriptions (streams), asked about every delivery; None: none.
         self.replays: StreamTap | None = None
+
+    def _more(self) -> _Rare:
+        rare = self._rare
+        if rare is None:
+            rare = self._rare = _Rare()
+        return rare
+
+    def _less(self) -> None:
+        """A rare field went back to its default: drop the holder once all did (a CONNECT
+        that awaited its handshake leaves none behind)."""
+        if self._rare is not None and self._rare.empty():
+            self._rare = None
+
+    @property
+    def cert_cn(self) -> str | None:
+        return self._rare.cert_cn if self._rare is not None else None
+
+    @property
+    def _publish_bucket(self) -> TokenBucket | None:
+        return self._rare.publish_bucket if self._rare is not None else None
+
+    @property
+    def close_reason(self) -> tuple[str, int | None] | None:
+        """Why the connection ended (see `_Rare`)."""
+        return self._rare.close_reason if self._rare is not None else None
+
+    @close_reason.setter
+    def close_reason(self, reason: tuple[str, int | None] | None) -> None:
+        self._more().close_reason = reason
+
+    @property
+    def pending_connect(self) -> Connect | None:
+        """A CONNECT whose handshake must await (the reader task takes it)."""
+        return self._rare.pending_connect if self._rare is not None else None
+
+    @pending_connect.setter
+    def pending_connect(self, connect: Connect | None) -> None:
+        if connect is not None or self._rare is not None:
+            self._more().pending_connect = connect
+            if connect is None:
+                self._less()
+
+    @property
+    def pending_publish(self) -> tuple[Publish, PendingPublish] | None:
+        """A PUBLISH whose message.publish hooks must be awaited before it is routed."""
+        return self._rare.pending_publish if self._rare is not None else None
+
+    @pending_publish.setter
+    def pending_publish(self, pending: tuple[Publish, PendingPublish] | None) -> None:
+        if pending is not None or self._rare is not None:
+            self._more().pending_publish = pending
+            if pending is None:
+                self._less()
+
+    @property
+    def _rate_delay(self) -> float:
+        """Seconds the reader pauses before it reads again (publish_rate)."""
+        return self._rare.rate_delay if self._rare is not None else 0.0
+
+    @_rate_delay.setter
+    def _rate_delay(self, delay: float) -> None:
+        if delay or self._rare is not None:
+            self._more().rate_delay = delay
+            if not delay:
+                self._less()
 
     # -------------------------------------------------------------- to the I/O side
 
@@ -243,12 +325,12 @@ class Client:
         """Who this client is, as hook callbacks see it (made once, after CONNECT).
         `keep=False` for a callback that comes once (connected, disconnected): an idle
         client then holds no ClientInfo (~90 bytes) that nothing asks for again."""
-        info = self._hook_info
+        info = self._rare.hook_info if self._rare is not None else None
         if info is None or info.acl is not self.acl or info.client_id != self.client_id or info.username != self.username:
             info = ClientInfo(self.client_id, self.username, self.peer, self.transport,
                               self.machine.protocol_level, self.broker.node_id, self.acl)
             if keep:
-                self._hook_info = info
+                self._more().hook_info = info
         return info
 
     def _protocol_violation(self, event: ProtocolViolation) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from clock import Clock
-from mesh.connection import LOST, ClientConnection
+from mesh.connection import LOST, NEVER_READ, ClientConnection
 from mesh.parking import ParkingLot
 from mesh.streams import READ_SIZE, SocketByteStream
 
@@ -97,7 +97,10 @@ class ParkedConnection(ClientConnection):
         return min(self.machine.deadline, self._idle_since + PARK_AFTER)
 
     def _park(self, now: float) -> bool:
-        return now - self._idle_since >= PARK_AFTER and not self._rate_delay and self._lot.park(self)
+        if now - self._idle_since >= PARK_AFTER and not self._rate_delay and self._lot.park(self):
+            self._idle_since = NEVER_READ  # unused while parked (`on_readable` sets it): no float of its own
+            return True
+        return False
 
     def fileno(self) -> int:
         assert isinstance(self.stream, SocketByteStream)
@@ -158,9 +161,7 @@ class ParkedConnection(ClientConnection):
             self.closing = True  # the task flushes what is in the outbox, then closes
         if self.closing or self.pending_connect is not None or self.pending_publish is not None or not self._flush_now() or self._rate_delay:
             return False
-        if self.session is not None:
-            self._idle_since = now  # the same float as the machine's: an idle client holds one
-        return lot.park(self)
+        return lot.park(self)  # `_idle_since` stays NEVER_READ: unused while parked
 
     def _flush_now(self) -> bool:
         """Send the outbox as far as the socket takes it now; a writer task sends the

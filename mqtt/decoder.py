@@ -107,7 +107,8 @@ class Decoder:
     `PacketTooLarge` as soon as its fixed header is in, before its body is buffered.
     """
 
-    __slots__ = ("role", "protocol_level", "max_packet_size", "_is_server", "_receives", "_buf", "_pos", "_header", "_error")
+    # Per connection: every slot is 8 bytes of an idle client (the role is `_is_server`).
+    __slots__ = ("protocol_level", "max_packet_size", "_is_server", "_buf", "_pos", "_header", "_error")
 
     def __init__(
         self,
@@ -120,11 +121,9 @@ class Decoder:
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
         if protocol_level not in (None, 3, 4, 5):
             raise ValueError(f"protocol_level must be 3, 4, 5 or None, not {protocol_level!r}")
-        self.role = role
         self.protocol_level: int | None = protocol_level
         self.max_packet_size: int | None = max_packet_size
         self._is_server = role == "server"
-        self._receives = _SERVER_RECEIVES if self._is_server else _CLIENT_RECEIVES
         # What was fed and not yet decoded from `_pos` on: the bytes of the last feed as
         # they came when it held whole packets (no copy; the common case), a bytearray
         # while a packet arrives in pieces, and the shared b"" once all is decoded (an
@@ -159,6 +158,10 @@ class Decoder:
             del buf[:pos]
             self._pos = 0
         buf += data
+
+    @property
+    def role(self) -> str:
+        return "server" if self._is_server else "client"
 
     @property
     def buffered(self) -> int:
@@ -258,7 +261,7 @@ class Decoder:
             raise MalformedPacket(
                 f"{_PACKET_NAMES[ptype]} with reserved flag bits 0x{flags:X} [MQTT-2.1.3-1]"
             )
-        if ptype not in self._receives:
+        if ptype not in (_SERVER_RECEIVES if self._is_server else _CLIENT_RECEIVES):
             raise ProtocolError(f"a {self.role} must not receive {_PACKET_NAMES[ptype]}")
         level = self.protocol_level
         if level is None:

@@ -152,14 +152,17 @@ Event = Union[
 ]
 
 
-class _Aliases:
-    """Topic aliases of one connection, made on first use (most clients use none)."""
+class _Rare:
+    """What few connections need, made on first use: topic aliases (most clients use
+    none) and the QoS 2 publishes received (few send QoS 2). One slot of the machine
+    for both: every slot is 8 bytes of each idle client."""
 
-    __slots__ = ("inbound", "outbound")
+    __slots__ = ("inbound", "outbound", "qos2_in")
 
     def __init__(self) -> None:
         self.inbound: dict[int, str] = {}  # the client's aliases
         self.outbound: dict[str, int] = {}  # ours, up to the client's Topic Alias Maximum
+        self.qos2_in: set[int] = set()  # QoS 2 publishes received, PUBREL not yet
 
 
 class ServerConnection:
@@ -168,7 +171,7 @@ class ServerConnection:
     __slots__ = (
         "settings", "_decoder", "_state", "protocol_level", "keep_alive", "will", "_connect",
         "_connect_deadline", "_last_received", "_session_expiry", "send_window", "client_max_packet",
-        "_aliases", "topic_alias_out_max", "_inflight", "_qos2_in", "_next_packet_id", "_failed",
+        "_rare", "topic_alias_out_max", "_inflight", "_next_packet_id", "_failed",
     )
 
     def __init__(self, settings: ServerSettings, now: float) -> None:
@@ -185,10 +188,9 @@ class ServerConnection:
         self.send_window = settings.max_inflight
         self.client_max_packet: int | None = None  # v5 Maximum Packet Size of the client
         # Created on first use: most clients use no alias, few send QoS 2.
-        self._aliases: _Aliases | None = None
+        self._rare: _Rare | None = None
         self.topic_alias_out_max = 0  # aliases the client lets us set (0: none; PUBLISH bytes then differ per client)
         self._inflight: dict[int, bool] | None = None  # packet id -> PUBREL sent (QoS 2)
-        self._qos2_in: set[int] | None = None  # QoS 2 publishes received, PUBREL not yet
         self._next_packet_id = 1
         self._failed = False  # a violation, refusal or DISCONNECT: no more events
 
@@ -258,10 +260,10 @@ class ServerConnection:
             return self._on_pubrec(packet)
         if type(packet) is Pubrel:
             pid = packet.packet_id
-            qos2_in = self._qos2_in
+            rare = self._rare
             known = False
-            if qos2_in is not None and pid in qos2_in:
-                qos2_in.discard(pid)
+            if rare is not None and pid in rare.qos2_in:
+                rare.qos2_in.discard(pid)
                 known = True
             return PublishReleased(pid, known)
         if type(packet) is Subscribe or type(packet) is Unsubscribe or type(packet) is Pingreq:
@@ -325,9 +327,9 @@ class ServerConnection:
             alias = p.properties.topic_alias
             if alias > self.settings.topic_alias_maximum:
                 return self._violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum")
-            if self._aliases is None:
-                self._aliases = _Aliases()
-            aliases = self._aliases.inbound
+            if self._rare is None:
+                self._rare = _Rare()
+            aliases = self._rare.inbound
             if p.topic:
                 aliases[alias] = p.topic
             else:
@@ -338,8 +340,9 @@ class ServerConnection:
         if p.retain and not self.settings.retain_available:
             return self._violation(ReasonCode.RETAIN_NOT_SUPPORTED, "retain not available")
         if p.qos == 2:
-            qos2_in = self._qos2_in
-            if qos2_in is not None:
+            rare = self._rare
+            if rare is not None:
+                qos2_in = rare.qos2_in
                 if p.packet_id in qos2_in:
                     return PublishRepeated(p.packet_id)
                 if len(qos2_in) >= self.settings.receive_maximum:
@@ -428,10 +431,10 @@ class ServerConnection:
         """PUBREC for a QoS 2 PUBLISH; unless it refuses the message, the packet id
         now waits for its PUBREL (and counts against the receive maximum)."""
         if reason_code < 0x80:
-            qos2_in = self._qos2_in
-            if qos2_in is None:
-                qos2_in = self._qos2_in = set()
-            qos2_in.add(packet_id)
+            rare = self._rare
+            if rare is None:
+                rare = self._rare = _Rare()
+            rare.qos2_in.add(packet_id)
         return _ack(0x50, packet_id, reason_code, PUBACK_REASONS, self.protocol_level)
 
     def pubcomp(self, packet_id: int, known: bool = True) -> bytes:
@@ -451,7 +454,9 @@ class ServerConnection:
         """A resumed session's QoS 2 publishes still waiting for their PUBREL."""
         ids = set(packet_ids)
         if ids:
-            self._qos2_in = ids
+            if self._rare is None:
+                self._rare = _Rare()
+            self._rare.qos2_in = ids
 
     # ----------------------------------------------------------- publishing to the client
 
@@ -499,9 +504,9 @@ class ServerConnection:
         level = self.protocol_level
         new_alias: tuple[str, int] | None = None  # set once the client is sure to see it
         if self.topic_alias_out_max and not dup and level == 5:
-            if self._aliases is None:
-                self._aliases = _Aliases()
-            aliases = self._aliases.outbound
+            if self._rare is None:
+                self._rare = _Rare()
+            aliases = self._rare.outbound
             alias = aliases.get(topic)
             if alias is not None:
                 properties = replace(properties, topic_alias=alias)
@@ -521,8 +526,8 @@ class ServerConnection:
                 self.release_packet_id(packet_id)
             return None
         if new_alias is not None:
-            assert self._aliases is not None
-            self._aliases.outbound[new_alias[0]] = new_alias[1]
+            assert self._rare is not None
+            self._rare.outbound[new_alias[0]] = new_alias[1]
         return data
 
     def fits(self, data: bytes) -> bool:
