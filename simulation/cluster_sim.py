@@ -122,7 +122,7 @@ class Workload:
         self.seq: dict[str, int] = {}  # publisher -> sequence number on its connection
         self.failure: Violation | None = None  # the run itself could not go on (no convergence)
         self.crashed: set[str] = set()  # nodes crashed for good: never restarted
-        self._samples: dict[str, tuple[Node, int, dict[str, int]]] = {}
+        self._samples: dict[str, tuple[Node, int, dict[str, int], set[str]]] = {}
 
     def now(self) -> float:
         return round(self.clock.now() - self.t0, 6)
@@ -355,25 +355,36 @@ class Workload:
 
     def _sample(self) -> None:
         """Queue-limit drops since the last look, per node and session, with the node's
-        metric beside them (a restarted node starts its counters over)."""
+        metric beside them (a restarted node starts its counters over).  A session that
+        left the node since the last look (handed over, ended) takes its count with it:
+        what the metric grew by beyond the counts still there is put down to it (seed
+        35 of 5 nodes, 20 clients, 60 s: a drop 0.16 s before the session was handed
+        over was counted by the node but never seen, and the message counted lost)."""
         assert self.cluster is not None
         for node_id in self.cluster.alive_nodes():
             node = self.cluster.node(node_id)
             assert node is not None
             broker = node.broker
             per_session = {cid: s.dropped for cid, s in broker.sessions.items() if s.dropped}
+            present = set(broker.sessions)
             metric = broker.stats.dropped_queue_full
             before = self._samples.get(node_id)
             if before is not None and before[0] is node:
-                _, metric_before, sessions_before = before
+                _, metric_before, sessions_before, present_before = before
+                seen = 0
                 for cid in sorted(per_session):
                     grown = per_session[cid] - sessions_before.get(cid, 0)
                     if grown > 0:
+                        seen += grown
                         self.history.add(QueueDrop(self.now(), node_id, cid, grown, metric - metric_before))
+                unseen = metric - metric_before - seen
+                if unseen > 0:
+                    for cid in sorted(present_before - present):
+                        self.history.add(QueueDrop(self.now(), node_id, cid, unseen, unseen))
             elif per_session:
                 for cid in sorted(per_session):
                     self.history.add(QueueDrop(self.now(), node_id, cid, per_session[cid], metric))
-            self._samples[node_id] = (node, metric, per_session)
+            self._samples[node_id] = (node, metric, per_session, present)
 
 
 # ---------------------------------------------------------------------- final state
