@@ -21,6 +21,11 @@ def replication_metrics(m: Metrics, replication: Replication) -> None:
                      "sessions waiting for a new copy (re-replication after a member died, bounded per second)",
                      replication.backlog)
     m.counter_callback("meshd_replication_changes_total", "session changes queued for replicas", lambda: stats.changes)
+    m.counter_callback("meshd_replication_batches_total", "batches of session changes confirmed by replicas",
+                       lambda: stats.batches)
+    m.counter_callback("meshd_replication_channel_batches_total",
+                       "of which sent on a replication channel (one stream per replica, batches pipelined)",
+                       lambda: stats.channel_batches)
     m.counter_callback("meshd_replication_snapshots_total", "whole-session snapshots sent to new or lagging replicas",
                        lambda: stats.snapshots)
     m.counter_callback("meshd_replication_replaced_total", "replicas replaced for not confirming in time",

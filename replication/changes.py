@@ -14,6 +14,9 @@ that starts with the session's replication sequence number and a kind:
     [seq, "x"]                                   the session ended
     [seq, "n"]                                   nothing (a delivery state a later change
                                                  in the same batch replaces)
+    [seq, "N", count]                            nothing, `count` sequence numbers from
+                                                 seq on (only on a channel: a replica that
+                                                 serves one reads it)
     [seq, "S", image, queue]                     a snapshot: the whole session
 
 Deliveries travel as `session_store.handoff.delivery_to_wire` (what a handoff sends),
@@ -71,6 +74,11 @@ def noop_change(seq: int) -> Change:
     return [seq, "n"]
 
 
+def skip_change(seq: int, count: int) -> Change:
+    """`count` changes from `seq` on that are all moot (`noop_change`s in a row)."""
+    return [seq, "N", count]
+
+
 def end_change(seq: int) -> Change:
     return [seq, "x"]
 
@@ -88,6 +96,17 @@ def snapshot_change(seq: int, session: Session) -> Change:
         "q2": sorted(session.qos2_in) if session._qos2_in else [],
     }
     return [seq, "S", image, deliveries]
+
+
+def snapshot_size(session: Session) -> int:
+    """About the bytes `snapshot_change` makes of `session`, without encoding it: what
+    starting a new copy costs the re-replication's bandwidth."""
+    size = 128 + 48 * len(session.subscriptions)
+    for entry in session.inflight.values():
+        size += 96 + len(entry.delivery.message.topic) + len(entry.delivery.message.payload)
+    for d in (session.queue if session.queued else ()):
+        size += 96 + len(d.message.topic) + len(d.message.payload)
+    return size
 
 
 class ChangeError(ValueError):
@@ -199,6 +218,19 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
             result.deleted = [d for d in result.deleted if d not in fresh.deliveries]
             result.header, result.ended, result.resync = True, False, False
             continue
+        if kind == "N":
+            if len(change) != 3 or not isinstance(change[2], int) or change[2] < 1:
+                raise ChangeError("bad skip")
+            last = seq + change[2] - 1
+            if copy is not None and copy.owner == owner and copy.seq + 1 >= seq and last > copy.seq:
+                copy.seq = last
+                copy.stamp = stamp
+                result.header = True
+                continue
+            if copy is not None and copy.owner == owner and last <= copy.seq:
+                continue  # in the snapshot it already has
+            result.resync = True
+            return result
         if copy is not None and copy.owner == owner and seq <= copy.seq:
             continue  # in the snapshot it already has
         if copy is None or copy.owner != owner or seq != copy.seq + 1:

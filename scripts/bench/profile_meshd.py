@@ -30,7 +30,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parents[1]))
 
 import brokers  # noqa: E402
-from scenarios import SCENARIOS  # noqa: E402
 
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -109,6 +108,7 @@ def top_tables(stacks: list[tuple[list[str], int]], n: int = 20) -> tuple[int, l
 
 
 def render(name: str, stacks: list[tuple[list[str], int]], result: dict, n: int = 20) -> str:
+    from scenarios import SCENARIOS  # here, not at the top: replication.py reuses the tables without it
     total, self_fn, self_line, total_fn = top_tables(stacks, n)
     out = [f"### {name}: {SCENARIOS[name].description}", ""]
     keys = ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_pct", "lost")
@@ -123,6 +123,7 @@ def render(name: str, stacks: list[tuple[list[str], int]], result: dict, n: int 
 
 
 def profile(name: str, py_spy: str, rate: int, svg: bool, quick: bool, outdir: Path) -> str:
+    from scenarios import SCENARIOS
     work = Path(tempfile.mkdtemp(prefix="meshd-profile-"))
     broker = brokers.start(brokers.BROKERS["meshd"], work)
     raw = outdir / f"{name}.txt"

@@ -11,6 +11,11 @@ publish-to-PUBACK latency p50/p99, the three nodes' CPU seconds per 1,000 messag
 
     python scripts/bench/replication.py                    # 3 reps x 3 configs, 5 s each
     python scripts/bench/replication.py --reps 1 --seconds 3
+    python scripts/bench/replication.py --reps 1 --configs 2-sync --profile /tmp/prof
+
+With `--profile DIR`, py-spy records every node while the load runs (raw stacks in
+DIR/<config>-<node>.txt) and the top self and inclusive times of each node are printed
+(`profile_meshd.top_tables`): where the replicated path spends its CPU.
 
 One JSON line per run goes to scripts/bench/results/replication.jsonl (git-ignored).
 Everything stays on 127.0.0.1 and stops by itself.
@@ -21,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -66,11 +73,16 @@ def start(workdir: str, replicas: str, mode: str) -> list[MeshdProcess]:
 
 
 class Publisher(threading.Thread):
-    def __init__(self, port: int, name: str, window: int, until: float) -> None:
+    """Keeps `window` QoS 1 PUBLISHes outstanding; with `rate` (messages per second),
+    sends at that pace instead (open loop, at most `window` outstanding): the latency
+    of the path itself, not of a queue in front of it."""
+
+    def __init__(self, port: int, name: str, window: int, until: float, rate: float = 0.0) -> None:
         super().__init__(daemon=True)
         self.client = RawClient(port, name, clean_start=True, expiry=0)
         self.window = window
         self.until = until
+        self.interval = 1.0 / rate if rate else 0.0
         self.sent: dict[int, float] = {}
         self.latencies: list[float] = []
         self.acked = 0
@@ -79,13 +91,16 @@ class Publisher(threading.Thread):
     def run(self) -> None:
         c = self.client
         c.expect(Connack)
-        while time.monotonic() < self.until:
-            while len(self.sent) < self.window:
+        next_send = time.monotonic()
+        while (now := time.monotonic()) < self.until:
+            while len(self.sent) < self.window and now >= next_send:
                 pid = self.next_id
                 self.next_id = self.next_id % 65535 + 1
                 self.sent[pid] = time.monotonic()
                 c.send(Publish(topic=TOPIC, payload=b"x" * 64, qos=1, packet_id=pid))
-            for p in c.packets(0.05):
+                next_send = next_send + self.interval if self.interval else now
+            wait = max(0.0005, min(0.05, next_send - time.monotonic())) if self.interval else 0.05
+            for p in c.packets(wait):
                 if isinstance(p, Puback) and p.packet_id in self.sent:
                     self.latencies.append(time.monotonic() - self.sent.pop(p.packet_id))
                     self.acked += 1
@@ -107,7 +122,36 @@ def subscriber(port: int, stop: threading.Event, got: list[int]) -> None:
     sub.close()
 
 
-def one_run(config: str, seconds: float, publishers: int, window: int) -> dict[str, object]:
+def start_profilers(nodes: list[MeshdProcess], config: str, outdir: Path) -> list[subprocess.Popen[bytes]]:
+    from profile_meshd import ensure_py_spy
+    py_spy = ensure_py_spy()
+    outdir.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([py_spy, "record", "--pid", str(n.proc.pid), "--rate", "200", "--format", "raw",
+                              "-o", str(outdir / f"{config}-{n.node_id}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for n in nodes if n.proc is not None]
+
+
+def stop_profilers(spies: list[subprocess.Popen[bytes]], config: str, outdir: Path, top: int = 25) -> None:
+    from profile_meshd import parse_collapsed, top_tables
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its output and exits
+    for spy in spies:
+        try:
+            spy.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+    for raw in sorted(outdir.glob(f"{config}-*.txt")):
+        total, self_fn, _, total_fn = top_tables(parse_collapsed(raw.read_text()), top)
+        print(f"\n## {raw.stem}: {total} busy samples")
+        for title, rows in (("self", self_fn), ("inclusive", total_fn)):
+            print(f"-- {title}")
+            for k, c in rows:
+                print(f"{100 * c / max(total, 1):5.1f}%  {k}")
+
+
+def one_run(config: str, seconds: float, publishers: int, window: int,
+            profile: Path | None = None, rate: float = 0.0) -> dict[str, object]:
     replicas, mode = CONFIGS[config]
     with tempfile.TemporaryDirectory(prefix="meshd-repl-bench-") as workdir:
         nodes = start(workdir, replicas, mode)
@@ -129,16 +173,23 @@ def one_run(config: str, seconds: float, publishers: int, window: int) -> dict[s
                         raise RuntimeError("route did not converge")
                     time.sleep(0.05)
             time.sleep(1.0)  # the session's first snapshot reached its replica
-            cpu0 = sum(cpu_seconds(n.proc.pid) for n in nodes if n.proc is not None)
+            spies = start_profilers(nodes, config, profile) if profile is not None else []
+            if spies:
+                time.sleep(1.0)  # py-spy attached before the load starts
+            cpu0 = {n.node_id: cpu_seconds(n.proc.pid) for n in nodes if n.proc is not None}
             started = time.monotonic()
             until = started + seconds
-            pubs = [Publisher(nodes[1 + i % 2].port, f"repl-pub-{i}", window, until) for i in range(publishers)]
+            pubs = [Publisher(nodes[1 + i % 2].port, f"repl-pub-{i}", window, until, rate / publishers)
+                    for i in range(publishers)]
             for p in pubs:
                 p.start()
             for p in pubs:
                 p.join(seconds + 30)
             elapsed = time.monotonic() - started
-            cpu = sum(cpu_seconds(n.proc.pid) for n in nodes if n.proc is not None) - cpu0
+            per_node = {n.node_id: cpu_seconds(n.proc.pid) - cpu0[n.node_id] for n in nodes if n.proc is not None}
+            cpu = sum(per_node.values())
+            if spies and profile is not None:
+                stop_profilers(spies, config, profile)
             stop.set()
             sub_thread.join(10)
             acked = sum(p.acked for p in pubs)
@@ -147,10 +198,12 @@ def one_run(config: str, seconds: float, publishers: int, window: int) -> dict[s
         finally:
             for n in nodes:
                 n.__exit__()
-    return {"config": config, "acked": acked, "msg_per_s": round(acked / elapsed, 1),
+    return {"config": config, "rate": rate or None, "acked": acked, "msg_per_s": round(acked / elapsed, 1),
             "p50_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 2) if lat else None,
-            "cpu_ms_per_1000": round(cpu / max(acked, 1) * 1e6, 1), "disk_bytes": disk,
+            "cpu_ms_per_1000": round(cpu / max(acked, 1) * 1e6, 1),
+            "node_cpu_ms_per_1000": {k: round(v / max(acked, 1) * 1e6, 1) for k, v in per_node.items()},
+            "disk_bytes": disk,
             "loadavg": os.getloadavg()[0]}
 
 
@@ -161,6 +214,10 @@ def main() -> int:
     p.add_argument("--publishers", type=int, default=4)
     p.add_argument("--window", type=int, default=50)
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="messages per second over all publishers (default: as fast as the window allows)")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="record every node with py-spy during the load and print where the time goes")
     args = p.parse_args()
     out = ROOT / "scripts" / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +225,7 @@ def main() -> int:
     with (out / "replication.jsonl").open("a") as f:
         for rep in range(args.reps):
             for config in rows:
-                row = one_run(config, args.seconds, args.publishers, args.window)
+                row = one_run(config, args.seconds, args.publishers, args.window, args.profile, args.rate)
                 row["rep"] = rep
                 print(json.dumps(row), flush=True)
                 f.write(json.dumps(row) + "\n")

@@ -6,7 +6,7 @@ import pytest
 
 from mqtt import EMPTY_PROPERTIES
 from replication import changes
-from replication.changes import ReplicaCopy, apply_changes
+from replication.changes import ChangeError, ReplicaCopy, apply_changes, skip_change
 from session_store.model import Delivery, InflightEntry, Message, Session, SubscriptionOptions
 from session_store.store import NO_RECORD, delivery_state
 
@@ -79,3 +79,21 @@ def test_the_header_round_trips() -> None:
                        qos2_in={3})
     again = ReplicaCopy.from_header("c", copy.header())
     assert again == copy
+
+
+def test_a_skip_stands_for_no_ops_in_a_row_and_a_gap_before_it_asks_for_a_snapshot() -> None:
+    copy = ReplicaCopy("c", "n0", seq=10)
+    applied = apply_changes(copy, "c", "n0", None, [skip_change(11, 5), [16, "n"]])
+    assert not applied.resync and applied.copy is not None and applied.copy.seq == 16 and applied.header
+    # Partly in the snapshot the copy has: the rest moves the sequence on.
+    applied = apply_changes(ReplicaCopy("c", "n0", seq=13), "c", "n0", None, [skip_change(11, 5)])
+    assert not applied.resync and applied.copy is not None and applied.copy.seq == 15
+    # Wholly in it: nothing changes.
+    applied = apply_changes(ReplicaCopy("c", "n0", seq=20), "c", "n0", None, [skip_change(11, 5)])
+    assert not applied.resync and applied.copy is not None and applied.copy.seq == 20 and not applied.header
+    # A gap before it, another owner's copy, or no copy: a snapshot is asked for.
+    assert apply_changes(ReplicaCopy("c", "n0", seq=9), "c", "n0", None, [skip_change(11, 5)]).resync
+    assert apply_changes(ReplicaCopy("c", "n1", seq=10), "c", "n0", None, [skip_change(11, 5)]).resync
+    assert apply_changes(None, "c", "n0", None, [skip_change(11, 5)]).resync
+    with pytest.raises(ChangeError):
+        apply_changes(ReplicaCopy("c", "n0", seq=10), "c", "n0", None, [[11, "N", 0]])

@@ -9,7 +9,7 @@ import trio.testing
 
 from gossip import wire
 from gossip.service import read_frame
-from routing.queries import QUERY, QUERY_TIMEOUT, MeshQueries, QueryFailed, UnknownQuery
+from routing.queries import CHANNEL, QUERY, QUERY_TIMEOUT, MeshQueries, QueryFailed, UnknownQuery
 
 
 class PairedGossip:
@@ -125,3 +125,79 @@ async def test_a_silent_member_is_given_up_on_at_the_timeout(mock_clock) -> None
     with pytest.raises(QueryFailed, match=f"no answer within {QUERY_TIMEOUT:g} s"):
         await asked(lambda *a: 1, silent=True)
     assert trio.current_time() - start == pytest.approx(QUERY_TIMEOUT)
+
+
+async def test_a_channel_takes_questions_without_waiting_and_answers_in_order() -> None:
+    """Three questions sent at once; the first one's answer may leave only after the
+    second's (its event is set later): the answers still come in the questions'
+    order, each once its event is set, and the questions were answered as they came."""
+    applied: list[int] = []
+    events: dict[int, trio.Event] = {}
+
+    def answer(peer, args):
+        applied.append(args["n"])
+        events[args["n"]] = trio.Event()
+        return {"n": args["n"], "from": peer}, events[args["n"]]
+
+    async with trio.open_nursery() as nursery:
+        b_gossip = PairedGossip(nursery)
+        server = MeshQueries(node_id="b", cluster_name="meshd", gossip=b_gossip)
+        server.handle_pipelined("repl", answer)
+        client = MeshQueries(node_id="a", cluster_name="meshd", gossip=PairedGossip(nursery, peer=b_gossip))
+        channel = await client.open_channel("b", "repl")
+        for n in (1, 2, 3):
+            await channel.send({"n": n})
+        await trio.testing.wait_all_tasks_blocked()
+        assert applied == [1, 2, 3]  # applied as they came, none answered yet
+        replies: list[object] = []
+
+        async def read() -> None:
+            for _ in range(3):
+                replies.append(await channel.reply())
+
+        nursery.start_soon(read)
+        events[2].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert replies == []  # the second is ready, but the first goes first
+        events[1].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert replies == [{"n": 1, "from": "a"}, {"n": 2, "from": "a"}]
+        events[3].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert replies[2] == {"n": 3, "from": "a"}
+        await channel.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_channel_to_a_member_without_one_fails_at_its_first_answer() -> None:
+    async with trio.open_nursery() as nursery:
+        b_gossip = PairedGossip(nursery)
+        MeshQueries(node_id="b", cluster_name="meshd", gossip=b_gossip)  # serves no channel for "repl"
+        client = MeshQueries(node_id="a", cluster_name="meshd", gossip=PairedGossip(nursery, peer=b_gossip))
+        channel = await client.open_channel("b", "repl")
+        await channel.send({"n": 1})
+        with pytest.raises(QueryFailed, match="no channel for query 'repl'"):
+            await channel.reply()
+        # An older node does not know channels at all: it closes the stream.
+        del b_gossip.handlers[CHANNEL]
+        channel = await client.open_channel("b", "repl")
+        with pytest.raises(QueryFailed, match="closed the channel"):
+            await channel.reply()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bad_question_on_a_channel_is_refused_and_the_channel_goes_on() -> None:
+    def answer(peer, args):
+        return args["x"], None
+
+    async with trio.open_nursery() as nursery:
+        b_gossip = PairedGossip(nursery)
+        MeshQueries(node_id="b", cluster_name="meshd", gossip=b_gossip).handle_pipelined("q", answer)
+        client = MeshQueries(node_id="a", cluster_name="meshd", gossip=PairedGossip(nursery, peer=b_gossip))
+        channel = await client.open_channel("b", "q")
+        await channel.send({})
+        await channel.send({"x": 7})
+        with pytest.raises(QueryFailed, match="bad arguments"):
+            await channel.reply()
+        assert await channel.reply() == 7
+        nursery.cancel_scope.cancel()
