@@ -426,6 +426,7 @@ class Replication:
             channel = await self.queries.open_channel(peer.name, "repl", timeout=REPLICA_TIMEOUT)
         except (QueryFailed, OSError, trio.BrokenResourceError) as exc:
             if peer.generation == generation:
+                peer.channel_ok = False
                 self._replace(peer, str(exc) or type(exc).__name__)
             return
         failed: list[str] = []
@@ -482,6 +483,9 @@ class Replication:
         finally:
             await channel.aclose()
         if failed and peer.generation == generation:
+            # Asked again with a plain query first: a replica back as an older
+            # version serves no channel.
+            peer.channel_ok = False
             self._replace(peer, failed[0])
 
     def _next_batch(self, peer: _Peer, compact: bool = False) -> tuple[int, list[_Entry], list[list[object]]]:
