@@ -59,6 +59,11 @@ ROUTES_REPLY_FILTERS = 50_000
 # which at 10 nodes x 10,000 routes starved every event loop until members were
 # declared dead and their routes dropped (scripts/bench/route_convergence.py --preload).
 PULL_PATIENCE = 10.0
+# Filters of pulled snapshots applied per slice (`RouteTable.settle`), the event loop
+# free between two: a few milliseconds of trie work, so a node that takes a table of a
+# million routes still answers gossip probes (one 100,000-filter snapshot applied in
+# one go held a node for ~0.8 s, and at 10 nodes members were declared dead in turn).
+ROUTE_SLICE = 2_000
 HELD_EXPIRY_INTERVAL = 5.0
 RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
@@ -148,6 +153,8 @@ class Cluster:
         self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
         self._link_serial = 0
         self._pulls_out: dict[str, float] = {}  # peer -> when a routes pull to it went unanswered so far
+        self._settling = False  # a `_settle_routes` task runs: pulled snapshots wait in the table for it
+        self._pull_more: set[str] = set()  # peers that have more to send once what they sent is applied
         gossip.on_broadcast("route", self._on_route_broadcast)
         gossip.on_member_change(self._on_member_change)
         gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
@@ -435,7 +442,8 @@ class Cluster:
         if asked is not None and now - asked < PULL_PATIENCE:
             return  # its answer, which comes first, brings what a second one would
         self._pulls_out[peer] = now
-        self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.digest()), "max": ROUTES_REPLY_FILTERS},
+        self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.pull_digest()),
+                                                "max": ROUTES_REPLY_FILTERS},
                                  functools.partial(self._on_routes_reply, peer))
 
     def _on_routes_reply(self, peer: str, frame: Frame) -> None:
@@ -448,10 +456,36 @@ class Cluster:
                 self.malformed_items += 1
                 continue
             if not self._gone(snap.origin):
-                self.table.apply_snapshot(snap)
+                self.table.stage_snapshot(snap)  # applied in slices by `_settle_routes`
                 taken += 1
         if frame.get("more") is True and taken:
-            self._pull_routes(peer)  # the rest of what it holds newer (our digest moved on)
+            self._pull_more.add(peer)  # the rest once this part is applied (memory stays bounded)
+        if taken:
+            # One slice now (all of a small answer, the usual case); the rest in a task
+            # of its own, started only then.
+            if not self.table.settle(ROUTE_SLICE):
+                self._routes_settled()
+            elif not self._settling and self._nursery is not None:
+                self._settling = True
+                self._nursery.start_soon(self._settle_routes)
+
+    async def _settle_routes(self) -> None:
+        """Apply staged snapshots a slice at a time, yielding to the event loop between
+        slices, until none is left."""
+        try:
+            while True:
+                await trio.sleep(0)
+                if not self.table.settle(ROUTE_SLICE):
+                    break
+        finally:
+            self._settling = False
+        self._routes_settled()
+
+    def _routes_settled(self) -> None:
+        """What was pulled is applied: ask the peers that said they have more."""
+        more, self._pull_more = self._pull_more, set()
+        for peer in sorted(more):
+            self._pull_routes(peer)
 
     def _pull_retained(self, peer: str) -> None:
         if self._nursery is None:
@@ -488,12 +522,23 @@ class Cluster:
             limit = frame.get("max")  # absent from older versions: everything in one answer
             snaps, more = self.table.snapshots_newer_than(digest_from_wire(frame["d"]),
                                                           limit if isinstance(limit, int) and limit > 0 else None)
-            return "routes", {"snaps": [s.to_wire() for s in snaps], **({"more": True} if more else {})}
+            if sum(len(snap.filters) for snap in snaps) <= ROUTE_SLICE:
+                return "routes", {"snaps": [s.to_wire() for s in snaps], **({"more": True} if more else {})}
+            return self._routes_answer(snaps, more)
         if kind == "retained_req":
             now = self.clock.wall()
             msgs = [records.message_map(m) for _, m in self.broker.retained.items() if not m.expired(now) and not m.topic.startswith("$")]
             return "retained", {"msgs": msgs}
         raise ValueError(f"unknown mesh frame {kind!r}")
+
+    async def _routes_answer(self, snaps: list[RouteSnapshot], more: bool) -> Reply:
+        """A big `routes` answer, each snapshot put in wire form (sorted) in a tick of
+        its own: the snapshots are copies, taken at once, so the answer is consistent."""
+        wire: list[object] = []
+        for snap in snaps:
+            wire.append(snap.to_wire())
+            await trio.sleep(0)
+        return "routes", {"snaps": wire, **({"more": True} if more else {})}
 
     # ------------------------------------------------------------- forwarding
 

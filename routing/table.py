@@ -19,11 +19,23 @@ XOR of per-filter hashes, kept incrementally.
 
 An origin declared dead is dropped (its routes go); when it comes back, its next delta
 leaves a gap (or starts a new epoch), so its entries return through a snapshot.
+
+Snapshots pulled by route sync can be large (a node of a 10-node cluster at a million
+routes holds 100,000 of its own, about 0.8 s of trie work in one go, during which a
+node's gossip cannot answer a probe). So a driver *stages* them (`stage_snapshot`) and
+applies them in slices (`settle(budget)`, a bounded number of filters per call, with
+the event loop free between calls): first the snapshot's hash is computed, a slice at a
+time; then the origin's state is swapped in at once (so the digest never shows a mix);
+then the trie follows, a slice at a time. Until it has, a filter may still route to an
+origin that dropped it or not yet to one that added it (as if the snapshot came a
+little later); each filter the swap changed is brought to what the state holds *when
+its slice runs*, so deltas, drops and other snapshots in between keep the trie right.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
@@ -170,6 +182,19 @@ class _OriginState:
 Change = tuple[str, str, bool]  # (filter, node, present): what the remote trie must do
 
 
+@dataclass
+class _Staged:
+    """A snapshot being applied in slices: its filters hashed `hashed` at a time."""
+
+    snap: RouteSnapshot
+    filters: list[str]
+    hashed: int = 0
+    hash: int = 0
+
+
+_NO_FILTERS: frozenset[str] = frozenset()
+
+
 class RouteTable:
     """One replica of the cluster route table, held by node `node_id`."""
 
@@ -183,6 +208,14 @@ class RouteTable:
         self.wanted: set[str] = set()  # origins with a gap: need a snapshot
         self._matched: dict[str, frozenset[str]] = {}  # topic -> remote nodes (see MATCH_MEMO)
         self.dropped_parked = 0
+        # Snapshots applied in slices (see the module's docstring): staged ones in the
+        # order they came (only the newest of an origin counts), then the filters whose
+        # trie entries must follow a swapped-in state (`_unsynced_at`: how far the
+        # first list has come).
+        self._staged: deque[_Staged] = deque()
+        self._staged_by_origin: dict[str, _Staged] = {}
+        self._unsynced: deque[tuple[str, list[str]]] = deque()
+        self._unsynced_at = 0
 
     @property
     def epoch(self) -> int:
@@ -283,9 +316,100 @@ class RouteTable:
         changes.extend(self._drain(snap.origin, new_state))
         return changes
 
+    # ------------------------------------------------ snapshots in slices
+
+    def stage_snapshot(self, snap: RouteSnapshot) -> bool:
+        """Queue a snapshot for `settle` if it is newer than what this replica holds or
+        has staged of its origin; False if it is not (nothing to do)."""
+        if snap.origin == self.node_id:
+            return False
+        held = self._newest(snap.origin)
+        if held is not None and (snap.epoch, snap.version) <= held:
+            return False
+        staged = _Staged(snap, list(snap.filters))
+        self._staged_by_origin[snap.origin] = staged  # an older one staged is skipped
+        self._staged.append(staged)
+        return True
+
+    @property
+    def unsettled(self) -> bool:
+        """Whether staged snapshots or trie entries still wait for `settle`."""
+        return bool(self._staged or self._unsynced)
+
+    def settle(self, budget: int) -> bool:
+        """Do about `budget` filters' worth of the staged work (trie entries first,
+        then hashing the next snapshot); True while some is left."""
+        while budget > 0:
+            if self._unsynced:
+                budget -= self._sync_trie(budget)
+            elif self._staged:
+                staged = self._staged[0]
+                if self._staged_by_origin.get(staged.snap.origin) is not staged:
+                    self._staged.popleft()  # superseded by a newer one, or its origin dropped
+                    continue
+                filters = staged.filters
+                end = min(len(filters), staged.hashed + budget)
+                h = staged.hash
+                for i in range(staged.hashed, end):
+                    h ^= filter_hash(filters[i])
+                budget -= end - staged.hashed + 1
+                staged.hash, staged.hashed = h, end
+                if end == len(filters):
+                    self._staged.popleft()
+                    del self._staged_by_origin[staged.snap.origin]
+                    self._swap_in(staged)
+            else:
+                break
+        return self.unsettled
+
+    def _sync_trie(self, budget: int) -> int:
+        """Bring the next `budget` unsynced filters' trie entries to what their origin's
+        state holds now; returns how many were looked at."""
+        origin, filters = self._unsynced[0]
+        start = self._unsynced_at
+        end = min(len(filters), start + budget)
+        state = self.remote.get(origin)
+        held: set[str] | frozenset[str] = state.filters if state is not None else _NO_FILTERS
+        for i in range(start, end):
+            f = filters[i]
+            self._trie_change(f, origin, f in held)  # add and remove are idempotent
+        if end == len(filters):
+            self._unsynced.popleft()
+            self._unsynced_at = 0
+        else:
+            self._unsynced_at = end
+        return end - start + 1
+
+    def _swap_in(self, staged: _Staged) -> None:
+        """A staged snapshot, hashed: its state replaces the origin's at once (if it is
+        still newer); the trie entries it changes are left to `_sync_trie`."""
+        snap = staged.snap
+        state = self.remote.get(snap.origin)
+        if state is not None and (snap.epoch, snap.version) <= (state.epoch, state.version):
+            return
+        old: set[str] | frozenset[str] = state.filters if state is not None else _NO_FILTERS
+        new_state = _OriginState(snap.epoch, snap.version, set(snap.filters), staged.hash)
+        if state is not None and state.epoch == snap.epoch:
+            new_state.parked = {v: c for v, c in state.parked.items() if v > snap.version}
+        self.remote[snap.origin] = new_state
+        changed = list(old ^ new_state.filters)
+        if changed:
+            self._unsynced.append((snap.origin, changed))
+        self._drain(snap.origin, new_state)
+
+    def _newest(self, origin: str) -> tuple[int, int] | None:
+        """(epoch, version) of the newest state of `origin` held or staged."""
+        state = self.remote.get(origin)
+        held = (state.epoch, state.version) if state is not None else None
+        staged = self._staged_by_origin.get(origin)
+        if staged is not None and (held is None or (staged.snap.epoch, staged.snap.version) > held):
+            return (staged.snap.epoch, staged.snap.version)
+        return held
+
     def drop_origin(self, origin: str) -> list[Change]:
         """The origin was declared dead: its routes go until it returns."""
         self.wanted.discard(origin)
+        self._staged_by_origin.pop(origin, None)
         return self._drop(origin)
 
     def _drop(self, origin: str) -> list[Change]:
@@ -334,9 +458,21 @@ class RouteTable:
                 filters += size
         return out, False
 
+    def pull_digest(self) -> Digest:
+        """The digest to pull with: staged snapshots count as held, so the peer does not
+        send them again (its answer reads only epochs and versions)."""
+        out = self.digest()
+        for origin, staged in self._staged_by_origin.items():
+            snap = staged.snap
+            held = out.get(origin)
+            if held is None or (snap.epoch, snap.version) > (held.epoch, held.version):
+                out[origin] = OriginDigest(snap.epoch, snap.version, 0)
+        return out
+
     def behind(self, peer_digest: Mapping[str, OriginDigest]) -> list[str]:
-        """Origins (other than this node) of which a peer holds a newer state than we do."""
-        mine = self.digest()
+        """Origins (other than this node) of which a peer holds a newer state than we
+        do (or have staged)."""
+        mine = self.pull_digest()
         out = []
         for origin, theirs in peer_digest.items():
             held = mine.get(origin)

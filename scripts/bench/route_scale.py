@@ -19,8 +19,10 @@ Measured (CPU seconds of this process, `time.process_time`):
 - a new node's pull of the whole table: what route sync does when an empty node asks
   a member for everything (`routes_req` with an empty digest, answered in parts of
   `ROUTES_REPLY_FILTERS` filters): the member's snapshots, the frames encoded and
-  decoded as the mesh link does, and the new node's `apply_snapshot`s, without the
-  network (`route_join.py` measures it between real processes).
+  decoded as the mesh link does, and the new node's staged snapshots settled a slice
+  of `ROUTE_SLICE` filters at a time as the cluster does, without the network
+  (`route_convergence.py --join` measures it between real processes); the longest
+  slice's CPU is what a node's event loop is held for at most while it applies them.
 
 One JSON line goes to scripts/bench/results/route_scale.jsonl, and the summary to stdout.
 """
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gossip import wire  # noqa: E402
-from routing.cluster import ROUTES_REPLY_FILTERS  # noqa: E402
+from routing.cluster import ROUTE_SLICE, ROUTES_REPLY_FILTERS  # noqa: E402
 from routing.table import RouteSnapshot, RouteTable, digest_to_wire, digest_from_wire  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -122,9 +124,10 @@ def pull_whole_table(holder: RouteTable) -> dict[str, float]:
     """An empty node pulls everything from `holder` in parts, as route sync does."""
     new = RouteTable("new", 1)
     frames = nbytes = 0
+    longest_slice = 0.0
     t0 = time.process_time()
     while True:
-        request = digest_from_wire(digest_to_wire(new.digest()))
+        request = digest_from_wire(digest_to_wire(new.pull_digest()))
         snaps, more = holder.snapshots_newer_than(request, ROUTES_REPLY_FILTERS)
         body = wire.encode_frame_body("routes", "n0", {"snaps": [s.to_wire() for s in snaps], **({"more": True} if more else {})})
         framed = wire.frame(body)  # raises past MAX_FRAME, as the link would
@@ -132,12 +135,20 @@ def pull_whole_table(holder: RouteTable) -> dict[str, float]:
         nbytes += len(framed)
         reply = wire.decode_frame_body(framed[4:])
         for snap in reply["snaps"]:
-            new.apply_snapshot(RouteSnapshot.from_wire(snap))
+            new.stage_snapshot(RouteSnapshot.from_wire(snap))
+        while True:
+            s0 = time.process_time()
+            more = new.settle(ROUTE_SLICE)
+            longest_slice = max(longest_slice, time.process_time() - s0)
+            if not more:
+                break
         if not reply.get("more"):
             break
     spent = time.process_time() - t0
     assert new.route_count() == holder.route_count(), (new.route_count(), holder.route_count())
-    return {"pull_cpu_s": spent, "pull_frames": frames, "pull_bytes": nbytes}
+    assert len(new.trie) == len(holder.trie) + len(holder.local_filters())
+    return {"pull_cpu_s": spent, "pull_frames": frames, "pull_bytes": nbytes,
+            "pull_longest_slice_ms": longest_slice * 1000}
 
 
 def measure(routes: int, nodes: int, seed: int) -> dict[str, Any]:
@@ -184,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{res['routes']:,} routes: {res['bytes_per_route']:.0f} bytes per route ({res['rss_after_kb'] - res['rss_before_kb']:,} KB); "
           f"lookup {res['big_lookup_us']:.2f} us vs {res['small_lookup_us']:.2f} us at {1000:,} routes "
           f"({res['lookup_ratio']:.2f}x; memo {res['big_lookup_memo_us']:.2f} us); "
-          f"whole table to a new node: {res['pull_cpu_s']:.1f} s CPU, {res['pull_frames']} frames, {res['pull_bytes'] / 1e6:.1f} MB")
+          f"whole table to a new node: {res['pull_cpu_s']:.1f} s CPU, {res['pull_frames']} frames, {res['pull_bytes'] / 1e6:.1f} MB, "
+          f"longest slice {res['pull_longest_slice_ms']:.1f} ms CPU")
     return 0 if res["lookup_ratio"] <= 2.0 or args.smoke else 1
 
 

@@ -203,3 +203,102 @@ def test_a_peer_that_lacks_much_gets_it_in_answers_of_bounded_size():
     assert holder.snapshots_newer_than(RouteTable("M", 1).digest()) == (
         [holder.snapshot_of(o) for o in ("A", "B", "C", "H")], False)
     assert holder.snapshots_newer_than(new.digest(), max_filters=15) == ([], False)
+
+
+def _trie_matches_table(r: RouteTable) -> None:
+    """Every (filter, origin) pair in the tries is one the origin's state holds, and back."""
+    expected = {}
+    for origin in r.origins():
+        for f in r.remote[origin].filters:
+            expected.setdefault(f, set()).add(origin)
+    plain = {f: r.trie.values(f) for f in r.trie.filters()}
+    shared = {}
+    for real in r.shared_trie.filters():
+        for group, origin in r.shared_trie.values(real):
+            shared.setdefault(f"$share/{group}/{real}", set()).add(origin)
+    assert {**plain, **shared} == expected
+
+
+STEPS = st.lists(st.sampled_from(["delta", "stage", "settle", "snapshot", "drop"]), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, steps=STEPS, seed=st.integers(0, 2**32), budget=st.integers(1, 3))
+def test_snapshots_applied_in_slices_end_where_whole_ones_would_whatever_comes_between(ops, steps, seed, budget):
+    """Staged snapshots settled a few filters at a time, with deltas (in any order),
+    drops of the origin, whole snapshots and more staged ones in between: once settled
+    and synced, the replica holds the origin's state and its tries agree with it."""
+    rng = random.Random(seed)
+    a, deltas = origin_history("A", ops)
+    # Snapshots of A along its history (a replay of it), to stage out of order.
+    replay = RouteTable("A", 1)
+    snaps = [replay.local_snapshot()]
+    for d in deltas:
+        for f, p in d.changes:
+            (replay.add_local if p else replay.remove_local)(f)
+        snaps.append(replay.local_snapshot())
+    r = RouteTable("R", 1)
+    pending = list(deltas)
+    rng.shuffle(pending)
+    for step in steps:
+        if step == "delta" and pending:
+            r.apply_delta(pending.pop())
+        elif step == "stage":
+            r.stage_snapshot(rng.choice(snaps))
+        elif step == "settle":
+            r.settle(budget)
+        elif step == "snapshot":
+            r.apply_snapshot(rng.choice(snaps))
+        elif step == "drop":
+            r.drop_origin("A")
+    # Then anti-entropy as the cluster runs it: stage what the pull digest lacks, settle.
+    for snap in a.snapshots_newer_than(r.pull_digest())[0]:
+        r.stage_snapshot(snap)
+    while r.settle(budget):
+        pass
+    assert not r.unsettled and r.wanted == set()
+    assert r.digest()["A"] == a.digest()["A"]
+    assert r.routes() == {f: {"A"} for f in a.local_filters()}
+    _trie_matches_table(r)
+
+
+def test_a_staged_snapshot_is_applied_in_bounded_slices_and_swapped_in_whole():
+    """Each `settle` call does at most its budget of trie work; the digest shows the
+    old version until the whole snapshot is hashed, then the new one (never a mix)."""
+    a = RouteTable("A", 1)
+    a.local_changes((f"dev/{i}/+" if i % 5 == 0 else f"dev/{i}/cmd", True) for i in range(10_000))
+    r = RouteTable("R", 1)
+    r.apply_delta(RouteTable("A", 1).add_local("old/route"))
+    before = r.digest()["A"]
+    assert r.stage_snapshot(a.local_snapshot())
+    assert not r.stage_snapshot(a.local_snapshot())  # already staged: nothing to do
+    assert r.pull_digest()["A"][:2] == (1, 10_000)  # a pull now would not ask for it again
+    calls, digests, growth = 0, [], []
+    while True:
+        size = len(r.trie)
+        more = r.settle(1_000)
+        calls += 1
+        growth.append(abs(len(r.trie) - size))
+        digests.append(r.digest()["A"])
+        if not more:
+            break
+    assert max(growth) <= 1_000
+    assert calls >= 20  # 10 to hash, 10 to fill the trie
+    assert set(digests) == {before, a.digest()["A"]}
+    assert r.routes() == {f: {"A"} for f in a.local_filters()}
+    assert r.match_nodes("dev/5/x") == {"A"} and r.match_nodes("old/route") == set()
+    _trie_matches_table(r)
+
+
+def test_a_snapshot_staged_before_its_origin_was_dropped_is_not_applied():
+    """A member declared dead while its snapshot waits to be settled: its routes stay
+    gone (forwards to it would wait on a link that cannot deliver)."""
+    a = RouteTable("A", 1)
+    a.local_changes((f"x/{i}", True) for i in range(50))
+    r = RouteTable("R", 1)
+    assert r.stage_snapshot(a.local_snapshot())
+    r.settle(10)  # halfway through hashing it
+    r.drop_origin("A")
+    while r.settle(10):
+        pass
+    assert r.routes() == {} and len(r.trie) == 0 and "A" not in r.pull_digest()
