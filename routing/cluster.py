@@ -266,7 +266,10 @@ class Cluster:
                             origin=node, origin_ts_us=origin_ts,
                             event_id=f"{node}:{delta.epoch}:{delta.first_version}:{topic_filter}", hops=1)
         if self.table.wanted:
-            self._pull_routes(delta.origin)
+            # Only what has a gap: the origin's answer for the whole table (everything
+            # it holds newer) came from every origin at once when a node that just took
+            # many subscriptions broadcast them, each a copy of the same tables.
+            self._pull_routes(delta.origin, sorted(self.table.wanted))
 
     def _keep_expired(self, client_id: str, left_at: float, expired_at: float, now: float) -> float | None:
         claimed = self.handoffs.claimed_elsewhere(client_id, expired_at)
@@ -298,7 +301,10 @@ class Cluster:
             if link is not None:
                 link.retry_now()  # back: what waits for it goes now, not after the backoff
             self._replay_held(member)
-            self._pull_routes(member)
+            # Its own routes, from itself (the rest comes from deltas and anti-entropy):
+            # a new node, which sees every member come alive at once, pulls each
+            # origin's routes once, not the whole table from every member.
+            self._pull_routes(member, [member])
             if not self._retained_pulled:
                 self._pull_retained(member)
 
@@ -434,7 +440,9 @@ class Cluster:
         if any(not self._gone(origin) for origin in self.table.behind(digest)):
             self._pull_routes(peer)
 
-    def _pull_routes(self, peer: str) -> None:
+    def _pull_routes(self, peer: str, origins: list[str] | None = None) -> None:
+        """Ask `peer` for the route states it holds newer than ours (of `origins` only,
+        when given: `o` in the request, which older versions ignore and answer all)."""
         if peer == self.node_id or self._nursery is None:
             return
         now = self.clock.now()
@@ -442,9 +450,10 @@ class Cluster:
         if asked is not None and now - asked < PULL_PATIENCE:
             return  # its answer, which comes first, brings what a second one would
         self._pulls_out[peer] = now
-        self._link(peer).request("routes_req", {"d": digest_to_wire(self.table.pull_digest()),
-                                                "max": ROUTES_REPLY_FILTERS},
-                                 functools.partial(self._on_routes_reply, peer))
+        request: dict[str, object] = {"d": digest_to_wire(self.table.pull_digest()), "max": ROUTES_REPLY_FILTERS}
+        if origins is not None:
+            request["o"] = origins
+        self._link(peer).request("routes_req", request, functools.partial(self._on_routes_reply, peer))
 
     def _on_routes_reply(self, peer: str, frame: Frame) -> None:
         self._pulls_out.pop(peer, None)
@@ -520,8 +529,10 @@ class Cluster:
             return self.handoffs.answer(peer, frame)
         if kind == "routes_req":
             limit = frame.get("max")  # absent from older versions: everything in one answer
-            snaps, more = self.table.snapshots_newer_than(digest_from_wire(frame["d"]),
-                                                          limit if isinstance(limit, int) and limit > 0 else None)
+            only = frame.get("o")  # absent from older versions, and from anti-entropy: every origin
+            snaps, more = self.table.snapshots_newer_than(
+                digest_from_wire(frame["d"]), limit if isinstance(limit, int) and limit > 0 else None,
+                frozenset(o for o in only if isinstance(o, str)) if isinstance(only, list) else None)
             if sum(len(snap.filters) for snap in snaps) <= ROUTE_SLICE:
                 return "routes", {"snaps": [s.to_wire() for s in snaps], **({"more": True} if more else {})}
             return self._routes_answer(snaps, more)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
 
 import faults
 from routing.trie import TopicTrie
@@ -441,14 +441,17 @@ class RouteTable:
         out[self.node_id] = OriginDigest(self.local.epoch, self.local.version, self.local.hash)
         return out
 
-    def snapshots_newer_than(self, peer_digest: Mapping[str, OriginDigest],
-                             max_filters: int | None = None) -> tuple[list[RouteSnapshot], bool]:
-        """What a peer with `peer_digest` lacks: snapshots of origins we hold newer, and
-        whether some were left out to keep the answer under `max_filters` filters (at
-        least one snapshot goes, whatever its size: a snapshot is never split)."""
+    def snapshots_newer_than(self, peer_digest: Mapping[str, OriginDigest], max_filters: int | None = None,
+                             origins: Collection[str] | None = None) -> tuple[list[RouteSnapshot], bool]:
+        """What a peer with `peer_digest` lacks (of `origins` only, when given):
+        snapshots of origins we hold newer, and whether some were left out to keep the
+        answer under `max_filters` filters (at least one snapshot goes, whatever its
+        size: a snapshot is never split)."""
         out: list[RouteSnapshot] = []
         filters = 0
         for origin, (epoch, version, _) in self.digest().items():
+            if origins is not None and origin not in origins:
+                continue
             theirs = peer_digest.get(origin)
             if theirs is None or (epoch, version) > (theirs.epoch, theirs.version):
                 size = len(self.local.filters if origin == self.node_id else self.remote[origin].filters)

@@ -94,6 +94,11 @@ def _cpu(pids: int | Sequence[int]) -> float:
     return sum(procstat.cpu_seconds(p) for p in pids)
 
 
+def _cpus(pids: Sequence[int]) -> list[float]:
+    """Each node's CPU seconds so far (a cluster run keeps them apart in `node_cpu_s`)."""
+    return [procstat.cpu_seconds(p) for p in pids]
+
+
 def _payload() -> bytes:
     return bytes([0xA5]) * PAYLOAD_SIZE  # no byte of it looks like a PUBLISH header
 
@@ -190,6 +195,7 @@ def _throughput_loop(
     ack_backlog: dict[socket.socket, bytes] = {}
     perf = time.perf_counter
     cpu0 = _cpu(broker_pid)
+    cpus0 = [] if isinstance(broker_pid, int) else _cpus(broker_pid)
     gen0 = time.process_time()
     t0 = perf()
     end_send = t0 + duration
@@ -294,6 +300,7 @@ def _throughput_loop(
                 break
     cpu = _cpu(broker_pid) - cpu0
     gen_cpu = time.process_time() - gen0
+    per_node = None if isinstance(broker_pid, int) else [round(a - b, 2) for a, b in zip(_cpus(broker_pid), cpus0)]
     sel.close()
     received = sum(s.received for s in sub_streams)
     expected = sent * len(sub_streams)
@@ -315,6 +322,7 @@ def _throughput_loop(
         "msgs_per_cpu_s": received / cpu if cpu else None,
         "gen_cpu_pct": 100 * gen_cpu / elapsed,
         "gen_us_per_msg": 1e6 * gen_cpu / received if received else None,
+        **({"node_cpu_s": per_node} if per_node is not None else {}),
     }
 
 

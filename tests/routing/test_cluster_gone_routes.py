@@ -4,7 +4,7 @@ member whose route a same-side peer had handed back, so the publish was never ac
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from clock import ManualClock
 from gossip.trace import NullTraceWriter
@@ -55,9 +55,11 @@ class RecordingCluster(Cluster):
     """Records the peers it would pull routes from instead of opening links."""
 
     pulls: list[str]
+    asked: list[list[str] | None]  # the origins each pull named (None: all)
 
-    def _pull_routes(self, peer: str) -> None:
+    def _pull_routes(self, peer: str, origins: list[str] | None = None) -> None:
         self.pulls.append(peer)
+        self.asked.append(origins)
 
 
 def node_a() -> tuple[Cluster, Gossip, list[str]]:
@@ -68,6 +70,7 @@ def node_a() -> tuple[Cluster, Gossip, list[str]]:
     cluster = RecordingCluster(node_id="A", port=port, broker=broker, store=store, gossip=gossip,
                                trace=NullTraceWriter(), cluster_name="t", clock=ManualClock())
     cluster.pulls = []
+    cluster.asked = []
     return cluster, gossip, cluster.pulls
 
 
@@ -120,3 +123,29 @@ def test_an_answer_that_says_more_is_followed_by_another_pull_from_the_same_peer
     assert pulls == ["C"] and cluster.port.plain_nodes("split/x") == {"B"}
     cluster._on_routes_reply("C", {"snaps": [b.local_snapshot().to_wire()]})
     assert pulls == ["C"]
+
+
+def test_pulls_name_the_origins_they_lack_and_answers_keep_to_them() -> None:
+    """A member that comes alive is asked for its own routes, a gap in an origin's
+    deltas asks for what has gaps, and a `routes_req` naming origins (`o`) is answered
+    with theirs only (an older node ignores `o` and answers everything)."""
+    cluster, gossip, pulls = node_a()
+    assert isinstance(cluster, RecordingCluster)
+    gossip.set("B", "alive")
+    assert (pulls, cluster.asked) == (["B"], [["B"]])
+    b, _ = routes_of_b()
+    b.local_changes([("more/1", True)])
+    gap = b.local_changes([("more/2", True)])  # version 3 of B's: 1 and 2 never came
+    assert gap is not None
+    gossip.broadcasts["route"]("B", [gap.to_wire(), 1])
+    assert cluster.asked[-1] == ["B"]
+    for name in "BC":
+        cluster.table.apply_snapshot(RouteTable(name, 1).local_snapshot())
+        cluster.table.apply_delta(RouteTable(name, 2).add_local(f"{name}/x"))
+    answer = cluster._answer("D", {"t": "routes_req", "d": {}, "o": ["C"]})
+    assert not isinstance(answer, Awaitable) and answer is not None
+    kind, fields = answer
+    assert kind == "routes" and [snap[0] for snap in fields["snaps"]] == ["C"]
+    answer = cluster._answer("D", {"t": "routes_req", "d": {}})
+    assert answer is not None and not isinstance(answer, Awaitable)
+    assert sorted(snap[0] for snap in answer[1]["snaps"]) == ["A", "B", "C"]

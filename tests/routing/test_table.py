@@ -302,3 +302,15 @@ def test_a_snapshot_staged_before_its_origin_was_dropped_is_not_applied():
     while r.settle(10):
         pass
     assert r.routes() == {} and len(r.trie) == 0 and "A" not in r.pull_digest()
+
+
+def test_a_pull_for_some_origins_gets_only_theirs():
+    """A replica with a gap in one origin's deltas asks for that origin only (`o` in
+    `routes_req`); without `origins`, everything newer, as older versions answer."""
+    holder = RouteTable("H", 1)
+    for name in "AB":
+        holder.apply_delta(RouteTable(name, 1).add_local(f"{name}/x"))
+    holder.add_local("H/x")
+    assert [s.origin for s in holder.snapshots_newer_than({}, origins={"B"})[0]] == ["B"]
+    assert [s.origin for s in holder.snapshots_newer_than({}, origins={"H", "Z"})[0]] == ["H"]
+    assert sorted(s.origin for s in holder.snapshots_newer_than({})[0]) == ["A", "B", "H"]
