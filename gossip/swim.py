@@ -243,7 +243,13 @@ class Swim:
         self._out: list[tuple[Addr, bytes]] = []
         self._pp_out: list[tuple[Addr, bytes | Callable[[], bytes]]] = []
         self._events: list[SwimEvent] = []
-        self._queue = TransmitLimitedQueue()
+        self._queue = TransmitLimitedQueue()  # membership: alive, suspect, dead
+        # User broadcasts (route deltas, claims, config) wait in a queue of their own and
+        # only fill the room membership leaves in a packet (memberlist does the same):
+        # thousands of route chunks (a node that takes 10,000 subscriptions sends ~330,
+        # and every member relays them) in one queue with the member messages, newest
+        # first, buried refutations, and members that were only slow were declared dead.
+        self._user_queue = TransmitLimitedQueue()
         self._encoder = wire.PacketEncoder(node_id)
         self._user_seen: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._user_seq = 0
@@ -337,6 +343,7 @@ class Swim:
         self._probe_index = 0
         # everyone already knows us: no need to announce
         self._queue = TransmitLimitedQueue()
+        self._user_queue = TransmitLimitedQueue()
         # restagger push-pull for the size we now know
         self._pp_token += 1
         interval = push_pull_scale(self.config.push_pull_interval, len(mem))
@@ -374,7 +381,7 @@ class Swim:
             raise ValueError(f"broadcast of {len(data)} bytes does not fit one packet")
         self._user_seen.pop((kind, key), None)
         self._user_seen[(kind, key)] = (ts, self._user_seq, self.id)
-        self._queue.queue(("u", kind, key), data)
+        self._user_queue.queue(("u", kind, key), data)
         self._remember(msg, now)
         self._events.append(BroadcastReceived(ts, kind, key, self.id, ts, event_id, 0, payload, True))
         return event_id
@@ -526,7 +533,7 @@ class Swim:
         self._user_seen.pop((kind, key), None)
         self._user_seen[(kind, key)] = version
         forwarded = User(kind, key, origin, ots, seq, msg.payload, msg.hops + 1)
-        self._queue.queue(("u", kind, key), encode(forwarded))
+        self._user_queue.queue(("u", kind, key), encode(forwarded))
         self._remember(forwarded, now)
         event_id = f"{origin}:{ots}:{seq}"
         self._events.append(BroadcastReceived(self._ts(now), kind, key, origin, ots, event_id, forwarded.hops, msg.payload, False))
@@ -791,7 +798,12 @@ class Swim:
         overhead = self._encoder.overhead
         for p in parts:
             overhead += len(p)
-        extra = self._queue.get(overhead, self.packet_limit, self._transmit_limit())
+        limit = self._transmit_limit()
+        extra = self._queue.get(overhead, self.packet_limit, limit)
+        if len(self._user_queue):
+            for e in extra:
+                overhead += len(e)
+            extra += self._user_queue.get(overhead, self.packet_limit, limit)
         data = self._encoder.packet(parts + extra if extra else parts)
         self.stats.packets_sent += 1
         self.stats.bytes_sent += len(data)
@@ -1001,12 +1013,12 @@ class Swim:
         return None
 
     def _gossip(self, now: float) -> None:
-        if not len(self._queue):
+        if not len(self._queue) and not len(self._user_queue):
             return
         dead_cutoff = now - self.config.gossip_to_the_dead_time
         targets = self._random_members(self.config.gossip_nodes, exclude=None, states=(ALIVE, SUSPECT, DEAD), dead_after=dead_cutoff)
         for node in targets:
-            if not len(self._queue):
+            if not len(self._queue) and not len(self._user_queue):
                 break
             self._send(self.members[node].addr, [])
 

@@ -797,3 +797,18 @@ def test_contact_ages_say_how_long_ago_each_member_last_sent_us_a_datagram() -> 
     feed(sw, alive("c", 1), now=1.0, sender="c")
     feed(sw, alive("b", 1), now=2.0, sender="b")
     assert sw.contact_ages(4.5) == {"b": 2.5, "c": 3.5}  # d never sent us anything
+
+
+def test_a_refutation_goes_in_the_next_packet_ahead_of_a_flood_of_user_broadcasts() -> None:
+    """Member messages go before user broadcasts, which only fill the room left: a
+    node that takes many subscriptions sends hundreds of ~900-byte route chunks, each
+    newer than a refutation queued just before them; in one queue ordered newest first
+    they buried it, and a member that was only slow was declared dead."""
+    sw = lone()
+    feed(sw, ["suspect", "a", 0, "c", us(0.05), 0], now=0.1)  # accused: a refutes
+    for i in range(100):
+        sw.broadcast("route", f"a:1:{i}", "x" * 850, 0.2)
+    sw.handle_timer(0.3)
+    first = [m for _, d in sw.datagrams_to_send(0.3)[:1] for m in wire.decode_packet(d)[1]]
+    assert ["alive", "a", 1] in [m[:3] for m in first]
+    assert sum(m[0] == "user" for m in first) == 1  # and a chunk in the room left
