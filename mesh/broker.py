@@ -604,9 +604,10 @@ class Broker:
         with DUP=1 (it may have been sent before)."""
         topic = msg.topic
         matches = self._match(topic) if plain else ()
-        # No shared group here, none named, none elsewhere to weigh: no keys (the common case).
-        shared_keys = self._shared_keys(topic, only_groups, remote) \
-            if only_groups is not None or remote is not None or len(self.shared) else ()
+        # A forwarded message names its groups; else no shared group here, none
+        # elsewhere to weigh: no keys (the common case).
+        shared_keys = only_groups if only_groups is not None else self._shared_keys(topic, None, remote) \
+            if remote is not None or len(self.shared) else ()
         if not matches and not shared_keys:
             return 0
         sessions = self.sessions

@@ -587,6 +587,7 @@ class Cluster:
         out = OutgoingMessage(msg, sent_to if len(sent_to) > 1 else ())  # encoded once, for every link it goes to
         if not msg.qos:
             gate = None
+        links = self.links
         for node, target in targets.items():
             item = LinkItem(out, target.plain, target.groups, target.keep_retained, target.replay, gate)
             if gate is not None:
@@ -594,7 +595,10 @@ class Cluster:
             if faults.DROP_FORWARD and msg.qos:
                 self._release([item])  # BUGGIFY: acknowledged, never sent
                 continue
-            if self._link(node).enqueue(item):
+            link = links.get(node)
+            if link is None:
+                link = self._link(node)
+            if link.enqueue(item):
                 self.forwarded_out += 1
             else:
                 self._release([item])
@@ -672,11 +676,13 @@ class Cluster:
         read: Callable[[object], Unpacked] = unpack if packed else unpack_fwd
         handoffs = self.handoffs
         publish_remote = self.broker.publish_remote
+        self.forwarded_in += len(items)  # (less the malformed ones, below)
         for wire in items:
             try:
                 msg, plain, groups, keep_retained, replay, also = read(wire)
             except (TypeError, ValueError):
                 self.malformed_items += 1
+                self.forwarded_in -= 1
                 continue
             if msg.qos:
                 # A held message replayed after a split may have arrived once already
@@ -684,6 +690,7 @@ class Cluster:
                 key = (msg.origin, msg.msg_id)
                 if replay and key in recent:
                     self.replay_duplicates += 1
+                    self.forwarded_in -= 1
                     continue
                 recent[key] = None
                 if len(recent) > RECENT_PER_PEER:
@@ -692,7 +699,6 @@ class Cluster:
                 skip = handoffs.giver_had(msg, peer, also)
             else:
                 skip = None
-            self.forwarded_in += 1
             # A batch sent again and taken here anyway: this node restarted since it may
             # have taken it the first time (its acknowledgement lost with the node), so
             # its messages may have reached their subscribers already (simulator seeds

@@ -134,10 +134,14 @@ class OutboundLink:
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 log.warning("link to %s: send queue full (%d); dropped %d messages", self.peer, MAX_QUEUED, self.dropped)
             return False
-        self.queue.append(item)
+        queue = self.queue
+        queue.append(item)
         if item.sent:
             self.sent_queued += 1
-        self._wake.set()
+        if len(queue) == 1:
+            # The sender waits only on an empty queue: an item behind others needs no
+            # wake-up (one Event.set per burst, not per message).
+            self._wake.set()
         return True
 
     def request(self, msg_type: str, fields: Fields, on_reply: Callable[[Frame], None]) -> None:
