@@ -18,6 +18,7 @@ Glue between the broker, the route table (`routing.table`), gossip and the mesh 
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import random
 from typing import Awaitable, Callable, Mapping, Protocol
@@ -484,7 +485,16 @@ class Cluster:
         try:
             while True:
                 await trio.sleep(0)
-                if not self.table.settle(ROUTE_SLICE):
+                more = self.table.settle(ROUTE_SLICE)
+                # What the table holds now stays out of the cyclic collector's full
+                # passes (it is freed by reference counts as before): at a million
+                # routes each full pass walked every trie node, and a table growing by
+                # a quarter triggers one, 0.2-0.8 s each while a table was pulled
+                # (scripts/bench/route_scale.py; it does the same, and the pull took
+                # half the CPU). The cost: cyclic garbage alive at this instant is
+                # never collected (a big sync is rare: a node joining or coming back).
+                gc.freeze()
+                if not more:
                     break
         finally:
             self._settling = False

@@ -20,7 +20,8 @@ Measured (CPU seconds of this process, `time.process_time`):
   a member for everything (`routes_req` with an empty digest, answered in parts of
   `ROUTES_REPLY_FILTERS` filters): the member's snapshots, the frames encoded and
   decoded as the mesh link does, and the new node's staged snapshots settled a slice
-  of `ROUTE_SLICE` filters at a time as the cluster does, without the network
+  of `ROUTE_SLICE` filters at a time as the cluster does (the heap frozen out of the
+  cyclic collector's full passes after each), without the network
   (`route_convergence.py --join` measures it between real processes); the longest
   slice's CPU is what a node's event loop is held for at most while it applies them.
 
@@ -139,6 +140,7 @@ def pull_whole_table(holder: RouteTable) -> dict[str, float]:
         while True:
             s0 = time.process_time()
             more = new.settle(ROUTE_SLICE)
+            gc.freeze()  # as the cluster's settle task does after each slice
             longest_slice = max(longest_slice, time.process_time() - s0)
             if not more:
                 break
