@@ -233,3 +233,11 @@ def test_a_queue_drop_just_before_a_handoff_is_seen_by_the_checker() -> None:
     # took a drop by policy for a lost message.  The checker was wrong: the metric's
     # growth that no session left on the node explains is now put down to those that left.
     assert simulate_seed(5, 20, 60, 35) == "seed=35 ok"
+
+
+def test_a_contested_copy_a_client_falls_back_onto_sends_what_it_queued_as_dup() -> None:
+    # Seed 19 of 5 nodes, 20 clients, 60 s: s0's CONNECT fell back onto the copy a node
+    # had kept of it (the owner could not be reached), which had queued p1/3/4 while
+    # the owner delivered it: QoS 1 twice, the second without DUP.  What such a copy
+    # queued now goes with DUP=1 (routing/handoff_driver.py `_fallback`).
+    assert simulate_seed(5, 20, 60, 19) == "seed=19 ok"
