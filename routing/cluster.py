@@ -153,6 +153,7 @@ class Cluster:
         self.malformed_items = 0
         self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
         self._link_serial = 0
+        self._gc_frozen = False  # gc.freeze() while a big route sync is applied
         self._pulls_out: dict[str, float] = {}  # peer -> when a routes pull to it went unanswered so far
         self._settling = False  # a `_settle_routes` task runs: pulled snapshots wait in the table for it
         self._pull_more: set[str] = set()  # peers that have more to send once what they sent is applied
@@ -491,9 +492,9 @@ class Cluster:
                 # routes each full pass walked every trie node, and a table growing by
                 # a quarter triggers one, 0.2-0.8 s each while a table was pulled
                 # (scripts/bench/route_scale.py; it does the same, and the pull took
-                # half the CPU). The cost: cyclic garbage alive at this instant is
-                # never collected (a big sync is rare: a node joining or coming back).
+                # half the CPU). Only while the sync lasts (`_routes_settled`).
                 gc.freeze()
+                self._gc_frozen = True
                 if not more:
                     break
         finally:
@@ -503,6 +504,14 @@ class Cluster:
     def _routes_settled(self) -> None:
         """What was pulled is applied: ask the peers that said they have more."""
         more, self._pull_more = self._pull_more, set()
+        if not more and self._gc_frozen:
+            # A frozen object is never collected, nor is any cycle that holds one: the
+            # connections, sessions and tasks alive during the sync would leak what they
+            # leave in cycles when they end, and a broker that runs for months syncs at
+            # every heal. Back in the oldest generation, the table costs one full pass
+            # later, not one per quarter of growth during the sync.
+            gc.unfreeze()
+            self._gc_frozen = False
         for peer in sorted(more):
             self._pull_routes(peer)
 
