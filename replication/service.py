@@ -71,7 +71,7 @@ MAX_BATCH = 2000  # changes per `repl` batch
 # committer syncs one batch of writes at a time, so a second batch sent meanwhile
 # would wait for the same next sync as the changes gathering here do (a round trip on
 # loopback is far shorter than a disk sync); one batch in flight sends fewer, larger
-# batches, whose deliveries acknowledged meanwhile go as no-ops (measured: 10-15 %
+# batches, whose deliveries acknowledged meanwhile go as no-ops (measured: 10-20 %
 # less CPU per message than 4 in flight, no throughput lost; scripts/bench/RESULTS.md).
 MAX_IN_FLIGHT = 1
 ASYNC_LINGER = 0.02  # async: seconds changes gather before a batch goes (nothing waits for it)
