@@ -437,6 +437,10 @@ class Replication:
                     peer.wake = trio.Event()
                     await peer.wake.wait()
                     continue
+                if faults.ACK_BEFORE_REPLICA:
+                    await trio.sleep(BUGGIFY_LAG)  # BUGGIFY: the replicas lag behind what was acknowledged
+                    if peer.generation != generation:
+                        return
                 if self.mode == "async" and ASYNC_LINGER:
                     # Nothing waits for an async replica: changes gather a while, and a
                     # delivery acknowledged meanwhile never goes (a replica follows within
