@@ -241,3 +241,13 @@ def test_a_contested_copy_a_client_falls_back_onto_sends_what_it_queued_as_dup()
     # the owner delivered it: QoS 1 twice, the second without DUP.  What such a copy
     # queued now goes with DUP=1 (routing/handoff_driver.py `_fallback`).
     assert simulate_seed(5, 20, 60, 19) == "seed=19 ok"
+
+
+def test_a_copy_pushed_away_while_its_client_comes_back_does_not_release_the_new_claim() -> None:
+    # Seed 67 of 5 nodes, 20 clients, 60 s: n3, back from a kill, was pushing its stale
+    # copy of s0 to n2 (the owner) when s0's CONNECT came to n3 and claimed it there;
+    # the push ended by discarding the session here, which released n3's new claim.
+    # With no owner known, s0's next CONNECT, on n4, started a new session, which
+    # refused n3's copy: p1/4/14 was lost.  A push ends without discarding anything
+    # once the client is (being) connected here (`_claimed_here_since_push`).
+    assert simulate_seed(5, 20, 60, 67) == "seed=67 ok"
