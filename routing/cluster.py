@@ -339,6 +339,13 @@ class Cluster:
                     self._held_sent.add((member, seq))
         return items
 
+    def _routes_back(self, member: str) -> bool:
+        """Whether a member that came back has its own routes here again: some, and no
+        gap (a delta it sent after its return, ahead of the snapshot that closes the
+        gap, leaves an origin with a few routes or none; dropping its held routes then
+        lost what they matched: simulator seed 3 of 5 nodes, 20 clients, 60 s)."""
+        return member in self.table.remote and member not in self.table.wanted
+
     def held_messages(self, member: str) -> list[Message]:
         """The QoS >= 1 messages this node owes `member` for its plain subscribers: held
         for it, and (in order, after them) still unacknowledged on the link to it.  A
@@ -416,7 +423,7 @@ class Cluster:
     async def _expire_held(self) -> None:
         while True:
             await trio.sleep(HELD_EXPIRY_INTERVAL)
-            for member in [m for m, h in self.held.members.items() if h.returned and m in self.table.remote]:
+            for member in [m for m, h in self.held.members.items() if h.returned and self._routes_back(m)]:
                 self.held.settle(member)
             gone, aged = self.held.expire(self.clock.wall())
             store = self.store
@@ -582,7 +589,7 @@ class Cluster:
                 if not self.held.members[member].returned:
                     if msg.qos:
                         hold_for.append(member)
-                elif member in self.table.remote:
+                elif self._routes_back(member):
                     self.held.settle(member)  # its own routes are back
                 elif member not in targets:
                     # Back, but its routes are not here yet: the held ones still route.
