@@ -12,8 +12,8 @@ the route took to reach that node (plus one forward).
     python scripts/bench/route_convergence.py --nodes 10 --rounds 10 --preload 1000000 --join
 
 With `--preload N`, before the rounds every node gets N/nodes distinct subscriptions
-(`route_scale.node_filters`: one in five a wildcard) from one client, in SUBSCRIBEs of
-1,000 filters, and the run waits until every node's `meshd_routes` gauge shows all N
+(`route_scale.node_filters`: one in five a wildcard) from clients of 10,000 each (the
+default `max_subscriptions_per_client`), in SUBSCRIBEs of 1,000 filters, and the run waits until every node's `meshd_routes` gauge shows all N
 (the seconds that took, and each node's resident memory then, go into the line); the
 rounds then time a route delta at that table size. With `--join`, after the rounds a
 new node starts (seeded with node 0) and the time from its start until its own table
@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 from route_scale import node_filters  # noqa: E402
 
 SUBSCRIBE_BATCH = 1000
+PER_CLIENT = 10_000  # meshd's default max_subscriptions_per_client
 
 
 def start_cluster(n: int, preset: str, workdir: str, log_level: str = "warning",
@@ -157,15 +158,24 @@ def preload(nodes: list[MeshdProcess], total: int, timeout: float) -> tuple[list
     per_node = total // len(nodes)
     t0 = time.monotonic()
     clients = []
+    shares: list[list[str]] = []
     for i, node in enumerate(nodes):
-        c = Client(f"preload-{i}", version=4)
-        c.connect(node.port)
         filters = node_filters(i, per_node)
-        for k in range(0, per_node, SUBSCRIBE_BATCH):
-            c.c.subscribe([(f, 0) for f in filters[k:k + SUBSCRIBE_BATCH]])
-        clients.append(c)
-    for c in clients:
-        for _ in range(0, per_node, SUBSCRIBE_BATCH):
+        # A session holds at most max_subscriptions_per_client (10,000 by default).
+        # Every client connects before any subscribes: a node busy with thousands of
+        # subscriptions answers a CONNECT late.
+        for j, start in enumerate(range(0, per_node, PER_CLIENT)):
+            c = Client(f"preload-{i}-{j}", version=4)
+            c.connect(node.port)
+            clients.append(c)
+            shares.append(filters[start:start + PER_CLIENT])
+    sent: list[int] = []  # SUBSCRIBEs per client
+    for c, mine in zip(clients, shares):
+        for k in range(0, len(mine), SUBSCRIBE_BATCH):
+            c.c.subscribe([(f, 0) for f in mine[k:k + SUBSCRIBE_BATCH]])
+        sent.append((len(mine) + SUBSCRIBE_BATCH - 1) // SUBSCRIBE_BATCH)
+    for c, n in zip(clients, sent):
+        for _ in range(n):
             c.subacks.get(timeout=timeout)
     subscribed = time.monotonic() - t0
     spread = wait_routes(nodes, per_node * len(nodes), timeout)
