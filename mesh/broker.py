@@ -974,8 +974,27 @@ class Broker:
             self._end_session(old, now, released=False, publish_pending_will=False)
         stored.disconnected_at = now
         session = self._rebuild_session(stored, now, from_store=False)
+        if stored.will is not None:
+            self._adopt_will(session, *stored.will, now)
         self._schedule_expiry(session, now)
         return session
+
+    def _adopt_will(self, session: Session, will: Will, due: float | None, now: float) -> None:
+        """The will of a session taken from a replica: its connection was lost with its
+        dead owner (`due` None: connected then) or before (pending until `due`), and no
+        one sent it.  Due now: sent now (a reconnect cannot cancel a will without
+        delay); else pending as on its owner, so the CONNECT that continues the session
+        cancels it (`open_session`) and its timer sends it otherwise."""
+        if due is None:
+            due = now + (will.properties.will_delay_interval or 0 if session.protocol_level == 5 else 0)
+        if due <= now:
+            self._publish_will(session.client_id, will, now)
+            return
+        token = next(self._timer_seq)
+        self._pending_wills[session.client_id] = (token, will)
+        self._add_timer(due, "will", session.client_id, token)
+        if session.stored:
+            self.store.put_will(session.client_id, will, due)
 
     def merge_handed_tail(self, session: Session, add: list[Delivery], drop: list[Delivery]) -> None:
         """A's tail joins the queue in sequence order; copies that also came directly go."""

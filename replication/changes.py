@@ -11,6 +11,9 @@ that starts with the session's replication sequence number and a kind:
                                                  `session_store.store.delivery_state`)
                                                  or gone (state -1, delivery None)
     [seq, "q", packet id, present]               an inbound QoS 2 packet id
+    [seq, "w", will record or None]              the will (`records.encode_will`: the
+                                                 message, its delay, when it is due once
+                                                 its connection is gone) set or removed
     [seq, "x"]                                   the session ended
     [seq, "n"]                                   nothing (a delivery state a later change
                                                  in the same batch replaces)
@@ -21,7 +24,9 @@ that starts with the session's replication sequence number and a kind:
 
 Deliveries travel as `session_store.handoff.delivery_to_wire` (what a handoff sends),
 the image as `image_of` without its in-flight part, which is in the queue list here
-with its state: one list of [state, delivery] in delivery order.
+with its state: one list of [state, delivery] in delivery order; the image's "w" is
+the will record (a key an older replica skips; a "w" change it does not know makes it
+ask for a snapshot, so it keeps the rest).
 
 A replica applies changes in sequence order; a gap (or a change for a session it has
 no copy of) asks the owner for a snapshot instead of guessing (`Apply.resync`).  The
@@ -34,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from session_store import records
 from session_store.handoff import (
     HandoffError, delivery_from_wire, delivery_to_wire, stored_from_image, subscriptions_to_wire,
 )
@@ -69,6 +75,10 @@ def qos2_change(seq: int, packet_id: int, present: bool) -> Change:
     return [seq, "q", packet_id, present]
 
 
+def will_change(seq: int, record: bytes | None) -> Change:
+    return [seq, "w", record]
+
+
 def noop_change(seq: int) -> Change:
     """A change a later one in the same batch makes moot (a delivery's earlier state)."""
     return [seq, "n"]
@@ -83,18 +93,21 @@ def end_change(seq: int) -> Change:
     return [seq, "x"]
 
 
-def snapshot_change(seq: int, session: Session) -> Change:
-    """The whole session now: what a new or lagging replica starts from."""
+def snapshot_change(seq: int, session: Session, will: bytes | None = None) -> Change:
+    """The whole session now: what a new or lagging replica starts from (`will`: its
+    will record, which the store holds apart from the session)."""
     deliveries: list[list[object]] = [
         [(2 if entry.state == "pubrel" else 1) | pid << 2, delivery_to_wire(entry.delivery)]
         for pid, entry in session.inflight.items()
     ]
     deliveries.extend([QUEUED, delivery_to_wire(d)] for d in (session.queue if session.queued else ()))
-    image = {
+    image: dict[str, object] = {
         "x": session.expiry_interval, "l": session.protocol_level, "d": session.disconnected_at,
         "n": session.next_seq, "s": subscriptions_to_wire(session.subscriptions),
         "q2": sorted(session.qos2_in) if session._qos2_in else [],
     }
+    if will is not None:
+        image["w"] = will
     return [seq, "S", image, deliveries]
 
 
@@ -129,12 +142,16 @@ class ReplicaCopy:
     subscriptions: dict[str, object] = field(default_factory=dict)  # filter -> options (wire)
     deliveries: dict[int, list[object]] = field(default_factory=dict)  # delivery seq -> [state, delivery]
     qos2_in: set[int] = field(default_factory=set)
+    will: bytes | None = None  # the will record (`records.encode_will`)
 
     def header(self) -> dict[str, object]:
         """Everything but the deliveries (a replica stores those one record each)."""
-        return {"o": self.owner, "s": self.seq, "h": self.stamp, "x": self.expiry, "l": self.level,
-                "d": self.disconnected_at, "n": self.next_seq,
-                "sub": [[f, o] for f, o in sorted(self.subscriptions.items())], "q2": sorted(self.qos2_in)}
+        header = {"o": self.owner, "s": self.seq, "h": self.stamp, "x": self.expiry, "l": self.level,
+                  "d": self.disconnected_at, "n": self.next_seq,
+                  "sub": [[f, o] for f, o in sorted(self.subscriptions.items())], "q2": sorted(self.qos2_in)}
+        if self.will is not None:
+            header["w"] = self.will
+        return header
 
     @classmethod
     def from_header(cls, client_id: str, header: object) -> "ReplicaCopy":
@@ -143,7 +160,8 @@ class ReplicaCopy:
         try:
             return cls(client_id, str(header["o"]), int(header["s"]), header.get("h"), int(header["x"]),
                        int(header["l"]), None if header["d"] is None else float(header["d"]), int(header["n"]),
-                       {str(f): o for f, o in header["sub"]}, {}, {int(p) for p in header["q2"]})
+                       {str(f): o for f, o in header["sub"]}, {}, {int(p) for p in header["q2"]},
+                       _will_record(header.get("w")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ChangeError(f"bad replica header: {exc}") from None
 
@@ -156,6 +174,8 @@ class ReplicaCopy:
         try:
             image = {"x": 0, "l": 4, "n": 1, "s": list(self.subscriptions.items()), "i": [], "q2": []}
             stored.subscriptions = stored_from_image(self.client_id, image, []).subscriptions
+            if self.will is not None:
+                stored.will = records.decode_will(self.will)
             for dseq in sorted(self.deliveries):
                 state, wire = self.deliveries[dseq]
                 delivery = delivery_from_wire(wire)
@@ -169,7 +189,7 @@ class ReplicaCopy:
                     if name is None or not 1 <= state >> 2 <= 65535:
                         raise ChangeError(f"bad delivery state {state!r}")
                     stored.inflight.append((state >> 2, delivery, name))
-        except HandoffError as exc:
+        except (HandoffError, records.RecordError) as exc:
             raise ChangeError(str(exc)) from None
         return stored
 
@@ -206,7 +226,8 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
             try:
                 fresh = ReplicaCopy(client_id, owner, seq, stamp, int(image["x"]), int(image["l"]),
                                     None if image["d"] is None else float(image["d"]), int(image["n"]),
-                                    {str(f): o for f, o in image["s"]}, {}, {int(p) for p in image["q2"]})
+                                    {str(f): o for f, o in image["s"]}, {}, {int(p) for p in image["q2"]},
+                                    _will_record(image.get("w")))
                 for state, wire in change[3]:
                     if not isinstance(wire, list) or len(wire) != 5 or not isinstance(wire[4], int):
                         raise ChangeError("bad snapshot delivery")
@@ -275,6 +296,8 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
                 copy.qos2_in.add(change[2])
             else:
                 copy.qos2_in.discard(change[2])
+        elif kind == "w" and len(change) == 3:
+            copy.will = _will_record(change[2])
         elif kind == "x":
             result.deleted = list(copy.deliveries)
             result.put = []
@@ -283,3 +306,9 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
         else:
             raise ChangeError(f"unknown change {kind!r}")
     return result
+
+
+def _will_record(value: object) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    raise ChangeError("a will record is bytes")

@@ -52,6 +52,8 @@ from replication.changes import ChangeError, ReplicaCopy
 from replication.placement import replicas_for
 from routing.queries import QueryChannel, QueryFailed
 from mqtt.topics import topic_matches
+from mqtt import Will
+from session_store import records
 from session_store.handoff import HandoffError, delivery_from_wire, delivery_to_wire
 from session_store.model import Delivery, Message, Session, SubscriptionOptions
 from session_store.ownership import Claim
@@ -202,7 +204,8 @@ class _Peer:
 class Replication:
     def __init__(self, *, node_id: str, copies: int, mode: str, store: ReplicaStore, broker: SessionsHost,
                  queries: ReplicaQueries, members: Members, clock: Clock,
-                 recovered_meta: Mapping[str, object] | None = None, bandwidth: int = 0) -> None:
+                 recovered_meta: Mapping[str, object] | None = None, bandwidth: int = 0,
+                 recovered_wills: Mapping[str, tuple[Will, float | None]] | None = None) -> None:
         self.node_id = node_id
         # Re-replication's bound: bytes of snapshots per second for new copies (0: none),
         # spent from a budget each housekeeping round refills (one round's worth at most).
@@ -228,6 +231,9 @@ class Replication:
         self._seq_base = int(clock.wall() * 1000) << SEQ_BASE_SHIFT
         self._nursery: trio.Nursery | None = None
         self._degraded = False
+        # The will record of each stored session that has one (the store keeps it apart
+        # from the session; a snapshot carries it).
+        self._wills: dict[str, bytes] = {cid: records.encode_will(*will) for cid, will in (recovered_wills or {}).items()}
         self._restore(recovered_meta or {})
         queries.handle("repl", self._answer_batch)
         queries.handle_pipelined("repl", self._answer_batch_pipelined)
@@ -321,6 +327,7 @@ class Replication:
         self._change(client_id, "m", (expiry_interval, protocol_level, disconnected_at), next_seq)
 
     def session_deleted(self, client_id: str) -> None:
+        self._wills.pop(client_id, None)
         tracked = self._tracked.get(client_id)
         if tracked is None:
             return
@@ -338,6 +345,15 @@ class Replication:
     def qos2_in_changed(self, client_id: str, packet_id: int, present: bool) -> None:
         self._change(client_id, "q", packet_id, present)
 
+    def will_changed(self, client_id: str, will: Will | None, due_at: float | None) -> None:
+        if will is None:
+            record = self._wills.pop(client_id, None)
+            if record is None:
+                return  # none to remove (a connection without a will ended)
+        else:
+            record = self._wills[client_id] = records.encode_will(will, due_at)
+        self._change(client_id, "w", None if will is None else record, None)
+
     def _encode(self, entry: _Entry) -> list[object] | None:
         _, client_id, seq, kind, a, b = entry
         if kind == "d":
@@ -350,12 +366,14 @@ class Replication:
             return changes.qos2_change(seq, a, b)
         if kind == "x":
             return changes.end_change(seq)
+        if kind == "w":
+            return changes.will_change(seq, a)
         session = self.broker.sessions.get(client_id)
         tracked = self._tracked.get(client_id)
         if session is None or tracked is None:
             return None
         self.stats.snapshots += 1
-        return changes.snapshot_change(tracked.seq, session)
+        return changes.snapshot_change(tracked.seq, session, self._wills.get(client_id))
 
     def _stamp(self, client_id: str) -> object:
         """This node's own claim on the session (None once another node's is newer)."""

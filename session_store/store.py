@@ -261,6 +261,8 @@ class SessionTap(Protocol):
 
     def qos2_in_changed(self, client_id: str, packet_id: int, present: bool) -> None: ...
 
+    def will_changed(self, client_id: str, will: Will | None, due_at: float | None) -> None: ...
+
 
 class SessionStore(ABC):
     """Record changes into a batch; commit batches off-thread; load everything at start."""
@@ -592,10 +594,14 @@ class SessionStore(ABC):
     def put_will(self, client_id: str, will: Will, due_at: float | None) -> None:
         self._put("wills", client_id.encode("utf-8"), records.encode_will, will, due_at)
         self._changed()
+        if self._tap is not None:
+            self._tap.will_changed(client_id, will, due_at)
 
     def delete_will(self, client_id: str) -> None:
         self._delete("wills", client_id.encode("utf-8"))
         self._changed()
+        if self._tap is not None:
+            self._tap.will_changed(client_id, None, None)
 
     def put_retained(self, msg: Message) -> None:
         self._put("retained", msg.topic.encode("utf-8"), records.encode_message, msg)

@@ -97,3 +97,21 @@ def test_a_skip_stands_for_no_ops_in_a_row_and_a_gap_before_it_asks_for_a_snapsh
     assert apply_changes(None, "c", "n0", None, [skip_change(11, 5)]).resync
     with pytest.raises(ChangeError):
         apply_changes(ReplicaCopy("c", "n0", seq=10), "c", "n0", None, [[11, "N", 0]])
+
+
+def test_the_will_travels_as_a_change_in_a_snapshot_and_in_the_header() -> None:
+    from mqtt import Properties, Will
+    from session_store import records
+
+    will = Will("w/t", b"gone", 1, True, Properties(will_delay_interval=30))
+    record = records.encode_will(will, 1234.5)
+    copy = ReplicaCopy("c", "n0", seq=1)
+    result = apply_changes(copy, "c", "n0", None, [changes.will_change(2, record)])
+    assert result.copy is not None and result.header and result.copy.will == record
+    assert result.copy.stored_session().will == (will, 1234.5)
+    assert ReplicaCopy.from_header("c", result.copy.header()).will == record
+    assert apply_changes(result.copy, "c", "n0", None, [changes.will_change(3, None)]).copy.will is None
+    snapshot = changes.snapshot_change(9, Session("c", persistent=True), record)
+    assert apply_changes(None, "c", "n1", None, [snapshot]).copy.stored_session().will == (will, 1234.5)
+    with pytest.raises(changes.ChangeError):
+        apply_changes(ReplicaCopy("c", "n0", seq=1), "c", "n0", None, [[2, "w", "not bytes"]])
