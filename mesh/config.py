@@ -476,7 +476,7 @@ class Settings:
     shutdown_timeout: float = _setting(5.0, Float(0.0), "seconds to drain connections on shutdown")
     durability: str = _setting("sync", Str(choices=("sync", "batch", "off"), metavar="MODE"), "session store writes: sync (fsync before ack), batch (group commit), off")
     durability_batch_ms: int = _setting(50, Int(1, None, "ms", metavar="MS"), "batch/off: every change is written within this many ms (the loss window of a crash)")
-    session_replicas: int = _setting(1, Int(1, 7, metavar="N"), "copies of each persistent session, its owner's included, on members chosen by rendezvous hashing of the client id (1: on its owner only; README \"Session replication\")")
+    session_replicas: int = _setting(2, Int(1, 7, metavar="N"), "copies of each persistent session, its owner's included, on members chosen by rendezvous hashing of the client id (1: on its owner only; README \"Session replication\")")
     session_replication: str = _setting("sync", Str(choices=("sync", "async"), metavar="MODE"), "sync: a QoS >= 1 message for a persistent session is acknowledged once every live replica has it durable; async: by the owner alone, replicas follow")
     replication_bandwidth: int = _setting(8_000_000, Int(0, None, "bytes per second", metavar="BYTES_PER_SECOND"), "bytes per second of snapshots a node sends to start new copies of its sessions (re-replication after a member died, left or joined); 0: no bound")
     # -- security and limits (README "Security") --

@@ -312,8 +312,8 @@ class Replication:
 
     def _change(self, client_id: str, kind: str, a: object, b: object) -> None:
         tracked = self._track(client_id)
-        if tracked is None:
-            return
+        if tracked is None or not tracked.replicas:
+            return  # no copy to tell (a node alone): a new one starts from a snapshot
         tracked.seq += 1
         epoch = self.store.write_epoch
         self.stats.changes += 1
@@ -700,6 +700,10 @@ class Replication:
                 self._drop_peer(peer, "left the live members")
         self._track_untracked()
         self._place()
+        # Counted every round, not only when the members change: sessions come and go,
+        # and a node alone from its start (no change at all) runs degraded too.
+        wanted = self.copies - 1
+        self._note_degraded(sum(1 for t in self._tracked.values() if len(t.replicas) < wanted) if wanted > 0 else 0)
         self._collect_copies(alive)
         self._update_floor()
 

@@ -68,7 +68,7 @@ def run_seed(spec: SimSpec, *, buggify: tuple[str, ...] = (), out_dir: Path | No
     schedule = make_schedule(spec)
     params = ClusterParams(
         nodes=spec.nodes, seed=spec.seed, store="memory",
-        settings={"session_replicas": spec.replicas} if spec.replicas != 1 else {},
+        settings={"session_replicas": spec.replicas},  # explicit: the node default is 2
         data_dir=str(out_dir) if out_dir is not None else None, trace=out_dir is not None,
         time_limit=spec.seconds + QUIET_SECONDS + 4 * SETTLE_TIMEOUT + 120.0,
     )

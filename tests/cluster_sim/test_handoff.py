@@ -115,6 +115,10 @@ def test_reconnects_across_nodes_while_publishing_lose_nothing() -> None:
 
 
 def test_owner_killed_during_reconnect_then_its_copy_is_merged_when_it_returns() -> None:
+    """One copy of each session (`session_replicas` 1): the session is only on its dead
+    owner, so the client starts afresh and the owner's copy is merged when it is back.
+    With replicas it is taken over at once (tests/cluster_sim/test_replication.py)."""
+
     async def scenario(c: SimCluster) -> None:
         sub = await subscribed_then_offline(c, "n0", "survivor", "kill/#")
         pub = await c.connect("n2", "pub-kill")
@@ -135,7 +139,7 @@ def test_owner_killed_during_reconnect_then_its_copy_is_merged_when_it_returns()
         assert sub.payloads()[1:] == [f"old:{i}".encode() for i in range(20)]  # in order
         await c.wait_for(lambda: not c.running("n0").broker.sessions, 10, "n0 forgot its copy")
 
-    sim(scenario)
+    sim(scenario, session_replicas=1)
 
 
 def test_concurrent_connects_on_two_nodes_leave_exactly_one() -> None:

@@ -238,7 +238,7 @@ def test_replication_is_switched_on_at_run_time_by_a_cluster_config_event() -> N
         await c.wait_for(lambda: len(sub.received) >= 5, 10, "the 5 messages")
         assert numbers(sub.received) == list(range(5))
 
-    sim(scenario)
+    sim(scenario, session_replicas=1)
 
 
 def test_after_a_handoff_the_new_owners_copy_wins_over_the_old_owners() -> None:

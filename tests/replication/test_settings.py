@@ -9,9 +9,11 @@ import pytest
 from mesh.config import ConfigError, add_setting_arguments, flags_from_namespace, load_settings
 
 
-def test_defaults_keep_a_session_on_its_owner_until_replication_is_switched_on() -> None:
+def test_defaults_are_two_copies_acknowledged_in_sync() -> None:
     s = load_settings({}, env={})
-    assert (s.session_replicas, s.session_replication) == (1, "sync")
+    assert (s.session_replicas, s.session_replication) == (2, "sync")
+    s = load_settings({}, env={"MESHD_SESSION_REPLICAS": "1"})
+    assert s.session_replicas == 1  # one copy: on its owner only
 
 
 def test_toml_environment_and_flags(tmp_path) -> None:
@@ -19,8 +21,8 @@ def test_toml_environment_and_flags(tmp_path) -> None:
     cfg.write_text('session_replicas = 3\nsession_replication = "async"\n')
     s = load_settings({"config": str(cfg)}, env={})
     assert (s.session_replicas, s.session_replication) == (3, "async")
-    s = load_settings({}, env={"MESHD_SESSION_REPLICAS": "2", "MESHD_SESSION_REPLICATION": "sync"})
-    assert (s.session_replicas, s.session_replication) == (2, "sync")
+    s = load_settings({}, env={"MESHD_SESSION_REPLICAS": "4", "MESHD_SESSION_REPLICATION": "sync"})
+    assert (s.session_replicas, s.session_replication) == (4, "sync")
     parser = argparse.ArgumentParser()
     add_setting_arguments(parser)
     flags = flags_from_namespace(parser.parse_args(["--session-replicas", "2", "--session-replication", "async"]))
