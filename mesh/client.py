@@ -832,7 +832,12 @@ class Client:
         if entry is not None and entry.state != "pubrel":
             self.broker.mark_pubrel(session, p.packet_id, entry)
         data = self.machine.pubrel(p.packet_id)  # 0x92 on v5 for an id not inflight
-        if data:
+        if data and entry is not None and session.stored and self.broker.store.replicated_floor is not None:
+            # Sync replication: the PUBREL lets the receiver forget the packet id, so it
+            # leaves once the session's replicas know the PUBREL state; a node that takes
+            # the session over then sends PUBREL again, not the PUBLISH as a new message.
+            self._write_when_durable(data)
+        elif data:
             self.write(data)
 
     def _on_subscribe(self, p: Subscribe, now: float) -> None:
