@@ -66,6 +66,7 @@ _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBU
 ACCEPT_BATCH = 64
 # batch/off durability: commit ticks per `durability_batch_ms` window (see _commit_loop).
 COMMIT_TICKS_PER_WINDOW = 2
+WRITE_RETRY_S = 1.0  # a failed store write is tried again after this (the batch is kept)
 
 
 def _first_oserror(exc: BaseException) -> OSError | None:
@@ -415,9 +416,7 @@ class Node:
                     # grid does not drift by the time the writes take.
                     await trio.sleep_until(due)
                     due = max(due + tick, self.clock.now())
-                # A batch once taken must reach the disk: shutdown must not cancel it midway.
-                with trio.CancelScope(shield=True):
-                    await self._commit_once(hold)
+                await self._commit_once(hold)
 
     async def _commit_pending(self) -> None:
         while self.store.has_pending():
@@ -429,11 +428,38 @@ class Node:
         if len(batch):
             # BUGGIFY skip-sync: written without a sync, yet acknowledged as durable.
             sync = self.settings.durability != "off" and not faults.SKIP_SYNC
-            await self._run_write(functools.partial(store.write_batch, batch, sync=sync))
+            await self._write_until_done(functools.partial(store.write_batch, batch, sync=sync))
             store.stats.count(batch)
         if epoch > store.durable_epoch:
             store.mark_durable(epoch)
             self.broker.on_durable()
+
+
+    async def _write_until_done(self, write: Callable[[], None]) -> None:
+        """A full or failing disk does not end the node: the batch is kept, the store
+        says why (`write_failed`: a replica tells its owners so, which replace it) and
+        the write is tried again every second; what waits for durability waits. At
+        shutdown the error ends the node, as before."""
+        store = self.store
+        while True:
+            try:
+                # A batch once taken must reach the disk: shutdown must not cancel a write
+                # midway (a kill may cancel the wait between two attempts: that batch was
+                # never durable, so nothing waiting for it was acknowledged).
+                with trio.CancelScope(shield=True):
+                    await self._run_write(write)
+            except Exception as exc:
+                if self._shutdown.is_set():
+                    raise
+                if store.write_failed is None:
+                    log.error("session store write failed (trying again every second; acknowledgements wait): %s", exc)
+                store.write_failed = str(exc) or type(exc).__name__
+                await trio.sleep(WRITE_RETRY_S)
+                continue
+            if store.write_failed is not None:
+                log.warning("session store writes again")
+                store.write_failed = None
+            return
 
 
 def _peer_of(stream: trio.SocketStream) -> tuple[str, str]:

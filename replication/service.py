@@ -50,7 +50,7 @@ from clock.hlc import HlcTimestamp
 from replication import changes
 from replication.changes import ChangeError, ReplicaCopy
 from replication.placement import replicas_for
-from routing.queries import QueryChannel, QueryFailed
+from routing.queries import QueryChannel, QueryFailed, QueryRefused
 from mqtt.topics import topic_matches
 from mqtt import Will
 from session_store import records
@@ -62,6 +62,7 @@ from session_store.store import NO_RECORD, StoredSession
 log = logging.getLogger("meshd.replication")
 
 REPLICA_TIMEOUT = 2.0  # a replica that does not confirm a batch within this is replaced
+WRITE_CHECK = 0.5  # a replica waiting for its disk looks this often whether its writes fail
 FAILED_FOR = 30.0  # ... and left out of placement this long
 TAKEOVER_ASK_TIMEOUT = 1.5  # how long a takeover waits for members to say what copy they hold
 HOUSEKEEPING_INTERVAL = 1.0
@@ -117,6 +118,9 @@ class SessionsHost(Protocol):
 class ReplicaStore(Protocol):
     @property
     def write_epoch(self) -> int: ...
+
+    @property
+    def write_failed(self) -> str | None: ...
 
     def put_meta(self, key: str, value: object) -> None: ...
 
@@ -614,7 +618,8 @@ class Replication:
     def _replace(self, peer: _Peer, why: str) -> None:
         self.stats.replaced += 1
         self._failed[peer.name] = self.clock.now() + FAILED_FOR
-        log.warning("replica %s did not confirm in time (%s): its sessions get another member", peer.name, why)
+        log.warning("replica %s failed (%s): marked failed for %g s, its sessions get another member",
+                    peer.name, why, FAILED_FOR)
         self._drop_peer(peer, why)
 
     def _place(self, inherit: int | None = None) -> None:
@@ -759,7 +764,7 @@ class Replication:
         answer leaves once it is on this node's disk and says this node serves
         channels ("ch", which an older owner does not read)."""
         answer = self._apply_batch(peer, args)
-        await self._locally_durable()
+        await self._locally_durable(peer)
         return {**answer, "ch": 1}
 
     def _answer_batch_pipelined(self, peer: str, args: Mapping[str, Any]) -> tuple[object, trio.Event]:
@@ -775,6 +780,7 @@ class Replication:
         batch = args["b"]
         if not isinstance(batch, list):
             raise ValueError("a replication batch is a list")
+        self._refuse_if_store_fails(peer)
         resync: list[str] = []
         stale: list[str] = []
         for item in batch:
@@ -804,10 +810,24 @@ class Replication:
                 resync.append(cid)
         return {"r": resync, "x": stale}
 
-    async def _locally_durable(self) -> None:
+    def _refuse_if_store_fails(self, peer: str) -> None:
+        """A replica whose disk does not take writes (full, failing) cannot keep a copy:
+        it says so to the owner, which marks it failed and places the copy elsewhere."""
+        failed = self.store.write_failed
+        if failed is not None:
+            log.warning("refusing the session copies of %s: this node's store cannot write (%s)", peer, failed)
+            raise QueryRefused(f"replica store cannot write: {failed}")
+
+    async def _locally_durable(self, peer: str | None = None) -> None:
+        """Until every change so far is on this node's disk; for a replica's answer
+        (`peer`), a disk that fails meanwhile ends the wait with a refusal."""
         done = trio.Event()
         self.store.when_locally_durable(self.store.write_epoch, done.set)
-        await done.wait()
+        while not done.is_set():
+            with trio.move_on_after(WRITE_CHECK):
+                await done.wait()
+            if peer is not None and not done.is_set():
+                self._refuse_if_store_fails(peer)
 
     async def _answer_seq(self, peer: str, args: Mapping[str, Any]) -> object:
         copy = self.copies_held.get(str(args["c"]))

@@ -77,6 +77,11 @@ class UnknownQuery(Exception):
     """Raised by an answerer for a query name it does not know."""
 
 
+class QueryRefused(Exception):
+    """Raised by a handler that cannot do what it is asked now: the asker's
+    `QueryFailed` says `str()` of it."""
+
+
 # (asking member, query name, arguments) -> the result (anything CBOR encodes)
 Answerer = Callable[[str, str, Mapping[str, Any]], object]
 # (asking member, arguments) -> the result: one query name whose answer must await (a read off the Trio thread)
@@ -198,6 +203,9 @@ class MeshQueries:
                             result, ready = handler(peer, args)
                             answer = {"r": result}
                             self.answered += 1
+                        except QueryRefused as exc:
+                            self.refused += 1
+                            answer = {"e": str(exc)}
                         except (KeyError, TypeError, ValueError) as exc:
                             self.refused += 1
                             answer = {"e": f"bad arguments: {exc}"}
@@ -260,6 +268,9 @@ class MeshQueries:
             try:
                 answer = {"r": await self._handlers[query](peer, args)}
                 self.answered += 1
+            except QueryRefused as exc:
+                self.refused += 1
+                answer = {"e": str(exc)}
             except (KeyError, TypeError, ValueError) as exc:
                 self.refused += 1
                 answer = {"e": f"bad arguments for {query!r}: {exc}"}

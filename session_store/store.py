@@ -273,6 +273,9 @@ class SessionStore(ABC):
         # Called when the first change of a batch is recorded (the committer wakes).
         self.on_dirty: Callable[[], None] = on_dirty if on_dirty is not None else _nothing
         self.stats = StoreStats()
+        # Why the last write failed, while writes fail (a full or failing disk: the
+        # node's committer keeps the batch and tries again); None once one succeeds.
+        self.write_failed: str | None = None
         self._batch = PendingBatch()
         # Delivery changes not yet taken, by the window ("generation") of their first
         # such change: the open one (`_open`, generation `_gen`) and the closed ones not
@@ -784,12 +787,17 @@ class MemoryDisk:
     written, synced or not, as a restarted process reads the page cache."""
 
     def __init__(self) -> None:
+        self.failure: OSError | None = None  # raised by every write while set (a full or failing disk)
         self.synced: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
         # Batches written without sync, in order: (prefix deletes, (cf, key, value or None)).
         self.unsynced: list[tuple[list[tuple[str, bytes]], list[tuple[str, bytes, bytes | None]]]] = []
 
     def write(self, prefix_deletes: list[tuple[str, bytes]], items: list[tuple[str, bytes, bytes | None]],
               *, sync: bool) -> None:
+        if self.failure is not None:
+            # A new exception each time: raising one object again would chain every
+            # failed write's frames (and their batches) onto its traceback.
+            raise type(self.failure)(*self.failure.args)
         self.unsynced.append((prefix_deletes, items))
         if sync:
             for deletes, puts in self.unsynced:

@@ -311,6 +311,14 @@ class SimCluster:
         self.emit("slow_disk", node=node_id, seconds=seconds)
         self._machines[node_id].write_delay = seconds
 
+    def fail_disk(self, node_id: str, error: OSError | None) -> None:
+        """Every store write of that node raises `error` from now on, as a full or
+        failing disk does (None: writes work again). The in-memory store only."""
+        self.emit("fail_disk", node=node_id, error=None if error is None else str(error))
+        disk = self._machines[node_id].disk
+        assert disk is not None, "fail_disk needs the in-memory store"
+        disk.failure = error
+
     def skew(self, node_id: str, seconds: float) -> None:
         """That node's wall clock (HLC stamps, session expiry) runs `seconds` off."""
         self.emit("skew", node=node_id, seconds=seconds)
