@@ -225,12 +225,11 @@ class StreamService:
             # socket). Only the first closes a second query too: the dead one refuses
             # it. Taking a dead member for an old one would end the replay without its
             # part and with no `missing` marker.
-            pass
-        try:
-            return await self._ask_read_once(node, args)
-        except QueryUnanswered:
-            log.info("%s closed two stream reads unanswered: a version without streams, it holds no part", node)
-            raise _HoldsNoPart() from None
+            try:
+                return await self._ask_read_once(node, args)
+            except QueryUnanswered:
+                log.info("%s closed two stream reads unanswered: a version without streams, it holds no part", node)
+                raise _HoldsNoPart() from None
 
     async def _ask_read_once(self, node: str, args: Mapping[str, object]) -> object:
         try:

@@ -63,7 +63,7 @@ def du(path: str) -> int:
             try:
                 total += os.path.getsize(os.path.join(root, name))
             except OSError:
-                pass
+                continue  # removed by a compaction during the walk
     return total
 
 

@@ -291,8 +291,7 @@ async def test_reset_breaks_both_ends(mock_clock: trio.testing.MockClock) -> Non
         unread_ours, unread_theirs = await pair.connect()
         await theirs.send_all(b"last reply")
         await unread_ours.send_all(b"never read")
-        await trio.sleep(0.125)  # both on the wire
-        pair.b.close()
+        pair.b.close()  # both still on the wire (latency 0.25 s)
         assert await read_exactly(ours, 10) == b"last reply"
         assert await ours.receive_some() == b""
         with pytest.raises(trio.BrokenResourceError):
