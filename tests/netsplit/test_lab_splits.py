@@ -138,8 +138,17 @@ def lab_cluster(tmp_path_factory):
             print("\nlab figures:", json.dumps(FIGURES), "\ntraces under", base)
 
 
-def test_three_two_split_each_side_marks_the_other_dead_and_heals(lab_cluster):
-    c = lab_cluster
+@pytest.fixture
+def whole_cluster(lab_cluster):
+    """The module's cluster, healed and in one view again after the test, pass or fail:
+    the scenarios share it, and a failure left split would fail the next one too."""
+    yield lab_cluster
+    lab_cluster.lab.heal()
+    wait_for(lab_cluster.one_view, 30, "one view again after the test")
+
+
+def test_three_two_split_each_side_marks_the_other_dead_and_heals(whole_cluster):
+    c = whole_cluster
     c.lab.split([3, 4])
     t0, done = time.monotonic(), {}
 
@@ -175,15 +184,23 @@ def test_three_two_split_each_side_marks_the_other_dead_and_heals(lab_cluster):
     FIGURES["3|2"] = {"side_3_marked_dead_s": round(t_a, 2), "side_2_marked_dead_s": round(t_b, 2), "one_view_after_heal_s": round(heal, 2)}
 
 
-def test_isolated_node_does_not_evict_the_four(lab_cluster):
-    c = lab_cluster
+def test_isolated_node_does_not_evict_the_four(whole_cluster):
+    c = whole_cluster
     four = [1, 2, 3, 4]
+    suspicions: set[tuple[int, str]] = set()
 
     def four_stay_whole() -> None:
+        # Eviction is a member of the four declared dead (or reaped) by another of the
+        # four.  A passing suspicion is not: with the local preset's 0.1 s probe timeout a
+        # loaded machine delays an ack now and then, and SWIM's suspicion, refuted by the
+        # suspect, is exactly what keeps that from evicting it.  Suspicions are counted.
         for i in four:
             v = c.view(i)
-            bad = {m: s for m, s in v.items() if m != "n0" and s != "alive"}
-            assert not bad, f"n{i} sees {bad} during a 4|1 split"
+            if not v:
+                continue  # the HTTP answer did not come: no view, nothing to judge
+            gone = {f"n{j}": v.get(f"n{j}", "missing") for j in four if j != i and v.get(f"n{j}") not in ("alive", "suspect")}
+            assert not gone, f"n{i} evicted {gone} during a 4|1 split (its view: {v})"
+            suspicions.update((i, m) for m, s in v.items() if m != "n0" and s == "suspect")
 
     c.lab.split([0])  # n0 has no seed: nothing but reconnect brings it back
     t4 = wait_for(lambda: all(c.sees_dead(i, [0]) for i in four), 20, "the four hold n0 dead", four_stay_whole)
@@ -194,11 +211,12 @@ def test_isolated_node_does_not_evict_the_four(lab_cluster):
     four_stay_whole()
     c.lab.heal()
     heal = wait_for(c.one_view, 10, "one view within 10 s of the link returning")
-    FIGURES["4|1"] = {"four_marked_dead_s": round(t4, 2), "isolated_marked_dead_s": round(t1, 2), "one_view_after_heal_s": round(heal, 2)}
+    FIGURES["4|1"] = {"four_marked_dead_s": round(t4, 2), "isolated_marked_dead_s": round(t1, 2), "one_view_after_heal_s": round(heal, 2),
+                      "suspicions_among_the_four": sorted(f"n{i}->{m}" for i, m in suspicions)}
 
 
-def test_split_longer_than_suspicion_and_reap_heals(lab_cluster):
-    c = lab_cluster
+def test_split_longer_than_suspicion_and_reap_heals(whole_cluster):
+    c = whole_cluster
     c.lab.split([2, 3])
     wait_for(lambda: all(c.sees_dead(i, [2, 3]) for i in (0, 1, 4)), 20, "n0,n1,n4 hold n2,n3 dead")
     # local preset: dead members are forgotten (reaped) 10 s after they died
