@@ -30,7 +30,7 @@ import re
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Mapping
 
 from mesh.limits import PerKeyRateLimiter, rate_limit_key_for_ip
 from mqtt.reason_codes import ReasonCode, connack_v3_return_code
@@ -513,20 +513,28 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name or a wildcard ("", "0.0.0.0" parses; "*" does not)
 
 
-def anonymous_exposure_warning(allow_anonymous: bool, listen_hosts: Iterable[str]) -> str | None:
+def anonymous_exposure_warning(allow_anonymous: bool, listeners: Mapping[str, tuple[str, int]]) -> str | None:
     """The warning to log at start when anonymous clients can connect from the network.
 
-    `listen_hosts` are the MQTT listeners' bind hosts (TCP, WebSocket, TLS). None when
-    anonymous access is off or every listener is on loopback.
+    `listeners` maps each MQTT listener's name (mqtt, ws, mqtts, wss) to its bind host
+    and port; the warning names the ones beyond loopback, so an operator who bound
+    MQTT to loopback sees which other listener is open.  None when anonymous access is
+    off or every listener is on loopback.
     """
     if not allow_anonymous:
         return None
-    exposed = sorted({h if h else "*" for h in listen_hosts if not _is_loopback(h)})
+    exposed = [f"{name} {_show(host, port)}" for name, (host, port) in listeners.items() if not _is_loopback(host)]
     if not exposed:
         return None
     return (f"anonymous access is on (allow_anonymous) and MQTT listens beyond loopback "
             f"({', '.join(exposed)}): anyone who can reach the node can publish and subscribe; "
             "set password_file and allow_anonymous = false")
+
+
+def _show(host: str, port: int) -> str:
+    if not host:
+        return f"*:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def api_exposure_warning(http_host: str | None, has_token: bool) -> str | None:

@@ -197,7 +197,8 @@ class Node:
                     self.node_id, __version__,
                     ", ".join(f"{name} {getattr(s, name).host}:{port}" for name, port in self.ports.items()),
                 )
-                for line in self.security.startup_warnings([getattr(s, n).host for n in ("mqtt", "ws", "mqtts", "wss") if getattr(s, n) is not None]):
+                mqtt_listeners = {n: (getattr(s, n).host, port) for n, port in self.ports.items() if n in ("mqtt", "ws", "mqtts", "wss")}
+                for line in self.security.startup_warnings(mqtt_listeners):
                     log.warning("%s", line)
                 write_ready_file(s.ready_file, self.node_id, __version__, self.ports)
                 task_status.started(dict(self.ports))

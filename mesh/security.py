@@ -13,7 +13,7 @@ import dataclasses
 import ipaddress
 import logging
 import ssl
-from typing import Callable
+from typing import Callable, Mapping
 
 import trio
 
@@ -120,9 +120,9 @@ class Security:
             return token
         return None
 
-    def startup_warnings(self, listen_hosts: list[str]) -> list[str]:
+    def startup_warnings(self, listeners: Mapping[str, tuple[str, int]]) -> list[str]:
         warnings = []
-        line = anonymous_exposure_warning(self.settings.allow_anonymous, listen_hosts)
+        line = anonymous_exposure_warning(self.settings.allow_anonymous, listeners)
         if line:
             warnings.append(line)
         http = self.settings.http

@@ -381,7 +381,14 @@ def test_check_is_thread_safe(authn: Authenticator) -> None:
     ],
 )
 def test_anonymous_exposure_warning(allow: bool, hosts: list[str], warns: bool) -> None:
-    message = auth.anonymous_exposure_warning(allow, hosts)
+    message = auth.anonymous_exposure_warning(allow, {f"l{i}": (h, 1883 + i) for i, h in enumerate(hosts)})
     assert (message is not None) is warns
     if message:
         assert "allow_anonymous" in message and "password_file" in message
+
+
+def test_anonymous_exposure_warning_names_the_open_listener_not_the_loopback_one() -> None:
+    message = auth.anonymous_exposure_warning(True, {"mqtt": ("127.0.0.1", 1883), "ws": ("0.0.0.0", 8083), "wss": ("", 8084), "mqtts": ("::", 8883)})
+    assert message is not None
+    assert "ws 0.0.0.0:8083" in message and "wss *:8084" in message and "mqtts [::]:8883" in message
+    assert "mqtt 127.0.0.1" not in message
