@@ -126,6 +126,40 @@ class QueryChannel:
             await self._stream.aclose()
 
 
+class _Answering:
+    """One answer being made: `result` records what the handler returned; leaving the
+    block on an exception that refuses a question (the handler's QueryRefused, an
+    unknown query, arguments it could not use) records the refusal instead.  The one
+    place where a question's outcome becomes its reply and is counted."""
+
+    def __init__(self, queries: MeshQueries, query: object) -> None:
+        self._queries = queries
+        self._query = query
+        self.reply: dict[str, object] = {"e": "no answer"}
+
+    def result(self, value: object) -> None:
+        self._queries.answered += 1
+        self.reply = {"r": value}
+
+    def refuse(self, why: str) -> None:
+        self._queries.refused += 1
+        self.reply = {"e": why}
+
+    def __enter__(self) -> _Answering:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, QueryRefused):
+            self.refuse(str(exc))
+        elif isinstance(exc, UnknownQuery):
+            self.refuse(f"unknown query {self._query!r}")
+        elif isinstance(exc, (KeyError, TypeError, ValueError)):
+            self.refuse(f"bad arguments for {self._query!r}: {exc}")
+        else:
+            return False
+        return True
+
+
 class MeshQueries:
     """Asks members (`ask`) and answers them (through the `Answerer` given to `serve`)."""
 
@@ -193,23 +227,14 @@ class MeshQueries:
                 while True:
                     request = await framed.receive()
                     args = request.get("a")
-                    answer: dict[str, object]
                     ready: trio.Event | None = None
-                    if request.get("t") != CHANNEL_REQUEST or not isinstance(args, dict):
-                        self.refused += 1
-                        answer = {"e": "malformed question"}
-                    else:
-                        try:
+                    with _Answering(self, query) as answer:
+                        if request.get("t") != CHANNEL_REQUEST or not isinstance(args, dict):
+                            answer.refuse("malformed question")
+                        else:
                             result, ready = handler(peer, args)
-                            answer = {"r": result}
-                            self.answered += 1
-                        except QueryRefused as exc:
-                            self.refused += 1
-                            answer = {"e": str(exc)}
-                        except (KeyError, TypeError, ValueError) as exc:
-                            self.refused += 1
-                            answer = {"e": f"bad arguments: {exc}"}
-                    answers_in.send_nowait((answer, ready))
+                            answer.result(result)
+                    answers_in.send_nowait((answer.reply, ready))
             except (EOFError, OSError, trio.BrokenResourceError, trio.ClosedResourceError, wire.WireError) as exc:
                 log.debug("query channel from %s closed: %s", peer, exc or type(exc).__name__)
             nursery.cancel_scope.cancel()  # the asker is gone: its answers with it
@@ -260,35 +285,17 @@ class MeshQueries:
             log.warning("refused a query from %s of cluster %r", peer, request.get("c"))
             return
         query, args = request.get("q"), request.get("a")
-        answer: dict[str, object]
-        if not isinstance(query, str) or not isinstance(args, dict):
-            self.refused += 1
-            answer = {"e": "malformed query"}
-        elif query in self._handlers:
-            try:
-                answer = {"r": await self._handlers[query](peer, args)}
-                self.answered += 1
-            except QueryRefused as exc:
-                self.refused += 1
-                answer = {"e": str(exc)}
-            except (KeyError, TypeError, ValueError) as exc:
-                self.refused += 1
-                answer = {"e": f"bad arguments for {query!r}: {exc}"}
-        elif self._answerer is None:
-            self.refused += 1
-            answer = {"e": "this node answers no queries"}
-        else:
-            try:
-                answer = {"r": self._answerer(peer, query, args)}
-                self.answered += 1
-            except UnknownQuery:
-                self.refused += 1
-                answer = {"e": f"unknown query {query!r}"}
-            except (KeyError, TypeError, ValueError) as exc:
-                self.refused += 1
-                answer = {"e": f"bad arguments for {query!r}: {exc}"}
+        with _Answering(self, query) as answer:
+            if not isinstance(query, str) or not isinstance(args, dict):
+                answer.refuse("malformed query")
+            elif query in self._handlers:
+                answer.result(await self._handlers[query](peer, args))
+            elif self._answerer is None:
+                answer.refuse("this node answers no queries")
+            else:
+                answer.result(self._answerer(peer, query, args))
         try:
             with trio.move_on_after(QUERY_TIMEOUT):
-                await framed.send(REPLY, **answer)
+                await framed.send(REPLY, **answer.reply)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("query from %s: the answer could not be sent: %s", peer, exc)
