@@ -14,6 +14,7 @@ what it forwards with a larger id went to the taker as well.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from session_store.handoff import stored_from_image, subscriptions_to_wire
 from session_store.model import Message
@@ -21,6 +22,12 @@ from session_store.store import StoredSession
 
 MOVED_META = "moved/"  # meta keys: moved/<client id> -> {"t": taker, "a": when, "img": image without messages, "f": marks}
 TAKEN_META = "taken/"  # meta keys: taken/<client id> -> {"g": giver, "a": when, "m": {member: mark}}
+RELAYED_META = "relayto/"  # meta keys: relayto/<client id> -> [[origin, message id, [nodes]], ...] (`SentTo`)
+
+# Per message relayed into a copy here (origin, message id): the nodes its sender had
+# forwarded it to.  The copy's push carries them (ho_push's optional "to"), so the
+# owner skips what a session's giver got too (`TakenIn`), as for a direct forward.
+SentTo = dict[tuple[str | None, int], tuple[str, ...]]
 
 
 @dataclass
@@ -85,6 +92,19 @@ class TakenIn:
         mark = self.marks.get(sender)
         return mark is None or msg.msg_id <= mark
 
+    def giver_got(self, msg: Message, sender: str, also: tuple[str, ...]) -> bool:
+        """Whether a message `sender` forwarded here (to `also` too) is the giver's to
+        deliver: kept in its copy (`giver_kept`), or forwarded to it as well up to the
+        sender's mark (no mark: the sender was not fenced yet)."""
+        if msg.origin != sender:
+            return False
+        if self.giver_kept(msg, sender):
+            return True
+        if self.giver not in also:
+            return False
+        mark = self.marks.get(sender)
+        return mark is None or msg.msg_id <= mark
+
     def to_record(self) -> dict[str, object]:
         return {"g": self.giver, "a": self.at, "m": dict(self.marks), "n": self.fresh}
 
@@ -100,3 +120,21 @@ def marks_from_wire(data: object) -> dict[str, int]:
     if not isinstance(data, dict):
         return {}
     return {str(k): v for k, v in data.items() if isinstance(v, int)}
+
+
+def sent_to_wire(sent_to: SentTo, keys: Iterable[tuple[str | None, int]] | None = None) -> list[list[object]]:
+    """`SentTo` as it travels and is stored: [[origin, message id, [nodes]], ...] (only
+    the messages in `keys`, when given)."""
+    wanted = None if keys is None else set(keys)
+    return [[o, i, list(nodes)] for (o, i), nodes in sent_to.items() if wanted is None or (o, i) in wanted]
+
+
+def sent_to_from_wire(data: object) -> SentTo:
+    out: SentTo = {}
+    if not isinstance(data, list):
+        return out
+    for item in data:
+        if (isinstance(item, (list, tuple)) and len(item) == 3 and (item[0] is None or isinstance(item[0], str))
+                and isinstance(item[1], int) and isinstance(item[2], (list, tuple))):
+            out[(item[0], item[1])] = tuple(str(n) for n in item[2])
+    return out

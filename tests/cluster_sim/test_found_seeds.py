@@ -260,3 +260,28 @@ def test_held_routes_of_a_member_back_from_a_split_route_until_its_own_are_compl
     # n1's snapshot came: s3 on n1 never got them.  Held routes now go once the member's
     # own routes have no gap (`Cluster._routes_back`).
     assert simulate_seed(5, 20, 60, 3) == "seed=3 ok"
+
+
+# ------------------------------------------------- relays into a session that fell back
+
+
+def test_a_copy_relayed_into_a_fallback_session_skips_what_its_giver_got_too() -> None:
+    # Seed 61 of 5 nodes, 20 clients, 60 s: s4 moved n3 -> n1 -> n0 and got p1/2/32 on
+    # n0; it then fell back onto n1 (n0 cut off) with a new session.  n3, still
+    # relaying late forwards for s4 (to n1, its taker), relayed p1/2/32, which its sender
+    # had forwarded to n0 too, and pushed the copy to n1, which merged it: QoS 1 twice,
+    # the second without DUP.  A relayed copy now carries where each message had gone
+    # (ho_push's optional "to"); the owner takes it only after its giver's copy (n0's,
+    # which remembers what s4 got there) when the giver got some of them too.  Dropping
+    # them instead lost seed 1's p5/3/26: the giver had skipped it for its own giver.
+    assert simulate_seed(5, 20, 60, 61) == "seed=61 ok"
+
+
+def test_a_givers_later_push_does_not_raise_its_mark() -> None:
+    # Seed 37 of 5 nodes, 20 clients, 60 s: s2 fell back onto n1 (n3, its owner, cut
+    # off); n3 pushed its copy at the heal and n1 took n3's mark (what n3 published up
+    # to then reached that copy).  n1 was killed; n3 held p4/5/1 for it and, at n1's
+    # restart, pushed the copy it had relayed late forwards into since, with its mark of
+    # then: n1 took p4/5/1, replayed, for kept in n3's copy, and the acknowledged
+    # message was lost.  The giver's mark is that of its first push now.
+    assert simulate_seed(5, 20, 60, 37) == "seed=37 ok"
