@@ -312,11 +312,14 @@ class Cluster:
 
     # ------------------------------------------------------------ held traffic
 
-    def _hold(self, member: str, msg: Message, now: float, seq: int | None = None, also: tuple[str, ...] = ()) -> int:
+    def _hold(self, member: str, msg: Message, now: float, seq: int | None = None, also: tuple[str, ...] = (),
+              sent: bool = False) -> int:
         seq, dropped = self.held.add(member, msg, now, seq, also)
         store = self.store
         if seq not in dropped:
-            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", HeldMessageRecord(msg, now, also).to_record())
+            store.put_meta(f"{HELD_MSG}{member}/{seq:020d}", HeldMessageRecord(msg, now, also, sent).to_record())
+            if sent:
+                self._held_sent.add((member, seq))
         for gone in dropped:
             store.delete_meta(f"{HELD_MSG}{member}/{gone:020d}")
             self._held_sent.discard((member, gone))
@@ -334,9 +337,7 @@ class Cluster:
         now = self.clock.wall()
         for item in items:
             if item.qos and item.plain:
-                seq = self._hold(member, item.out.message, now, item.held_seq or None, item.out.also)
-                if item.sent:
-                    self._held_sent.add((member, seq))
+                self._hold(member, item.out.message, now, item.held_seq or None, item.out.also, item.sent)
         return items
 
     def _routes_back(self, member: str) -> bool:
@@ -402,9 +403,11 @@ class Cluster:
         for key in sorted(k for k in meta if k.startswith(HELD_MSG)):
             member, _, seq = key[len(HELD_MSG):].rpartition("/")
             try:
-                msg, held_at, also = HeldMessageRecord.from_record(meta[key])
+                msg, held_at, also, sent = HeldMessageRecord.from_record(meta[key])
                 if self.held.is_held(member):
                     self.held.add(member, msg, held_at, int(seq), also)
+                    if sent:
+                        self._held_sent.add((member, int(seq)))
                     continue
             except (TypeError, ValueError):
                 log.error("ignoring a stored held message %s", key)

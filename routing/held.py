@@ -42,19 +42,27 @@ class HeldRoutesRecord(NamedTuple):
         return cls([str(f) for f in data[0]], float(data[1]))
 
 
+HELD_SENT = "sb"  # a held message record's optional key: it went in a batch never acknowledged
+
+
 class HeldMessageRecord(NamedTuple):
     """What the store keeps of one held message: `[message map, held at]`; the map's
     optional "to" names the nodes the message went to for plain subscribers (as on
-    the wire: routing.wire `ALSO_SENT_TO`; an earlier version reads past it)."""
+    the wire: routing.wire `ALSO_SENT_TO`), and its optional `HELD_SENT` that it went
+    in a batch the member never acknowledged (`LinkItem.sent`: replayed with the resend
+    mark, after a restart of this node too); an earlier version reads past both."""
 
     message: Message
     held_at: float
     also: tuple[str, ...] = ()
+    sent: bool = False
 
     def to_record(self) -> list[object]:
         data = records.message_map(self.message)
         if self.also:
             data[ALSO_SENT_TO] = list(self.also)
+        if self.sent:
+            data[HELD_SENT] = True
         return [data, self.held_at]
 
     @classmethod
@@ -62,7 +70,8 @@ class HeldMessageRecord(NamedTuple):
         if not isinstance(data, (list, tuple)) or len(data) != 2 or not isinstance(data[0], dict):
             raise ValueError("a held message record is [message, held at]")
         also = data[0].get(ALSO_SENT_TO) or ()
-        return cls(records.message_from_map(data[0]), float(data[1]), tuple(str(n) for n in also))
+        return cls(records.message_from_map(data[0]), float(data[1]), tuple(str(n) for n in also),
+                   data[0].get(HELD_SENT) is True)
 
 
 @dataclass
