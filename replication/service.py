@@ -484,7 +484,11 @@ class Replication:
                     peer.flight = trio.Event()
                     await peer.flight.wait()
                     continue
-                with trio.move_on_after(peer.in_flight[0][2] + REPLICA_TIMEOUT - self.clock.now()) as scope:
+                # Not below zero: after a pause of this process (SIGSTOP, a long GC, a
+                # loop blocked for seconds) the batch is already late; trio refuses a
+                # negative timeout, and that ended the node.
+                left = max(0.0, peer.in_flight[0][2] + REPLICA_TIMEOUT - self.clock.now())
+                with trio.move_on_after(left) as scope:
                     reply = await channel.reply()
                 if scope.cancelled_caught:
                     raise QueryFailed(f"no answer within {REPLICA_TIMEOUT:g} s")
