@@ -280,20 +280,22 @@ class Cluster:
     def _on_member_change(self, member: str, state: str) -> None:
         self.contact.member_changed(member, state, self.clock.wall())
         if state in _GONE:
-            filters = self.table.remote[member].filters if member in self.table.remote else set()
-            if state == MemberState.DEAD and self.held.hold(member, filters, self.clock.wall()):
-                # Unreachable, not gone: its routes are held and what matches them is
-                # kept for it until it is back (or the hold period ends).
+            if state == MemberState.DEAD and self.table.hold_origin(member):
+                # Unreachable, not gone: its routes are held (the table keeps them as
+                # they were) and what matches them is kept for it until it is back (or
+                # the hold period ends).
+                self.held.hold(member, self.clock.wall())
                 self._store_held_routes(member)
-                log.warning("member %s unreachable: holding QoS >= 1 messages for its %d routes", member,
-                            len(self.held.members[member].filters))
-            elif state == MemberState.LEFT:
-                self._forget_held(member)
-                self._recent.pop(member, None)
+                log.warning("member %s unreachable: holding QoS >= 1 messages for its routes", member)
+            else:
+                if state == MemberState.LEFT:
+                    self._forget_held(member)
+                    self._recent.pop(member, None)
+                dropped = self.table.drop_origin(member)
+                if dropped:
+                    log.info("member %s %s: dropped its %d routes", member, state, dropped)
+                self._settle_soon()
             self._pulls_out.pop(member, None)  # its answer will not come: ask again once it is back
-            dropped = self.table.drop_origin(member)
-            if dropped:
-                log.info("member %s %s: dropped its %d routes", member, state, len(dropped))
             link = self.links.pop(member, None)
             if link is not None:
                 link.cancel_scope.cancel()
@@ -327,6 +329,19 @@ class Cluster:
             log.warning("held messages for %s over the limit (%d): dropped the oldest (%d dropped so far)",
                         member, self.held.max_messages, self.held.dropped_full)
         return seq
+
+    def _settle_held(self, member: str) -> None:
+        """A member that came back has its own routes here again: its held ones go."""
+        if self.held.settle(member):
+            self.table.release_held(member)
+            self._settle_soon()
+
+    def _settle_soon(self) -> None:
+        """Start applying what waits in the table (staged snapshots, trie entries of
+        dropped or released routes) a slice at a time, unless that runs already."""
+        if self.table.unsettled and not self._settling and self._nursery is not None:
+            self._settling = True
+            self._nursery.start_soon(self._settle_routes)
 
     def _hold_failed(self, member: str, items: list[LinkItem]) -> list[LinkItem]:
         """Items a dead member's link never got acknowledged: QoS >= 1 plain forwards are
@@ -380,6 +395,7 @@ class Cluster:
 
     def _forget_held(self, member: str) -> None:
         held = self.held.forget(member)
+        self.table.release_held(member)
         self._held_sent = {k for k in self._held_sent if k[0] != member}
         store = self.store
         store.delete_meta(f"{HELD_ROUTES}{member}")
@@ -390,14 +406,17 @@ class Cluster:
 
     def _store_held_routes(self, member: str) -> None:
         held = self.held.members[member]
-        self.store.put_meta(f"{HELD_ROUTES}{member}", HeldRoutesRecord(list(held.filters), held.since).to_record())
+        record = HeldRoutesRecord(self.table.held_filters(member), held.since)
+        self.store.put_meta(f"{HELD_ROUTES}{member}", record.to_record())
 
     def _restore_held(self, meta: Mapping[str, object]) -> None:
         for key, value in meta.items():
             if key.startswith(HELD_ROUTES):
                 try:
                     routes = HeldRoutesRecord.from_record(value)
-                    self.held.hold(key[len(HELD_ROUTES):], routes.filters, routes.since)
+                    member = key[len(HELD_ROUTES):]
+                    self.table.restore_held(member, routes.filters)
+                    self.held.hold(member, routes.since)
                 except (TypeError, ValueError):
                     log.error("ignoring a stored held route record %s", key)
         for key in sorted(k for k in meta if k.startswith(HELD_MSG)):
@@ -427,10 +446,12 @@ class Cluster:
         while True:
             await trio.sleep(HELD_EXPIRY_INTERVAL)
             for member in [m for m, h in self.held.members.items() if h.returned and self._routes_back(m)]:
-                self.held.settle(member)
+                self._settle_held(member)
             gone, aged = self.held.expire(self.clock.wall())
             store = self.store
             for member in gone:
+                self.table.release_held(member)
+                self._settle_soon()
                 store.delete_meta(f"{HELD_ROUTES}{member}")
                 log.warning("member %s unreachable for longer than the hold period: its held routes go", member)
             for member, seq in aged:
@@ -486,9 +507,8 @@ class Cluster:
             # of its own, started only then.
             if not self.table.settle(ROUTE_SLICE):
                 self._routes_settled()
-            elif not self._settling and self._nursery is not None:
-                self._settling = True
-                self._nursery.start_soon(self._settle_routes)
+            else:
+                self._settle_soon()
 
     async def _settle_routes(self) -> None:
         """Apply staged snapshots a slice at a time, yielding to the event loop between
@@ -587,16 +607,18 @@ class Cluster:
         held routes match (the broker calls this through the port).  Returns how many
         members it was held for."""
         hold_for: list[str] = []
-        if self.held.members:
-            for member in self.held.members_for(msg.topic):
-                if not self.held.members[member].returned:
+        held_members = self.held.members
+        if held_members:
+            # The table names a member for its held routes too (`RouteTable.hold_origin`).
+            for member in [node for node in targets if node in held_members]:
+                if not held_members[member].returned:
+                    # Unreachable: no forward (its held routes are all it has here).
+                    del targets[member]
                     if msg.qos:
                         hold_for.append(member)
                 elif self._routes_back(member):
-                    self.held.settle(member)  # its own routes are back
-                elif member not in targets:
-                    # Back, but its routes are not here yet: the held ones still route.
-                    targets[member] = ForwardTarget(True, [], False)
+                    self._settle_held(member)  # its own routes are back
+                # else back, but its routes are not here yet: the held ones still route.
         if hold_for:
             # Replayed later with the nodes that got it now (see `relay_moved`).
             now = self.clock.wall()

@@ -2,7 +2,10 @@
 
 Pure (no Trio, no sockets; time passed in).  When a member becomes unreachable without
 leaving (declared dead: crashed, or on the other side of a netsplit), its routes are
-not forgotten at once: they become *held routes* for `hold_period` seconds.  A QoS >= 1
+not forgotten at once: they become *held routes* for `hold_period` seconds.  The route
+table keeps them (`RouteTable.hold_origin`: by reference, in its trie, so a death costs
+no copy of a member's routes) and names the member for what they match; this module
+keeps the rest: since when, whether it is back, and its messages.  A QoS >= 1
 publish that matches a held route of a member is *held* for that member (in order,
 bounded by `max_messages` per member, oldest dropped first, and by `max_age`), persisted
 by the caller, and replayed to the member when it is reachable again.  A member that
@@ -17,10 +20,8 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
-from routing.table import split_shared
-from routing.trie import TopicTrie
 from routing.wire import ALSO_SENT_TO
 from session_store import records
 from session_store.model import Message
@@ -33,7 +34,8 @@ class HeldRoutesRecord(NamedTuple):
     since: float
 
     def to_record(self) -> list[object]:
-        return [sorted(self.filters), self.since]
+        # Unsorted: sorting a member's 100,000 filters took tens of milliseconds of its death.
+        return [self.filters, self.since]
 
     @classmethod
     def from_record(cls, data: object) -> "HeldRoutesRecord":
@@ -76,7 +78,6 @@ class HeldMessageRecord(NamedTuple):
 
 @dataclass
 class HeldMember:
-    filters: frozenset[str]
     since: float
     # (seq, message, held at, the nodes it went to for plain subscribers)
     messages: deque[tuple[int, Message, float, tuple[str, ...]]] = field(default_factory=deque)
@@ -89,52 +90,32 @@ class HeldTraffic:
         self.max_messages = max_messages
         self.max_age = max_age
         self.members: dict[str, HeldMember] = {}
-        self.trie: TopicTrie[str] = TopicTrie()
         self._seq = itertools.count(1)
         self.held_total = 0
         self.dropped_full = 0
         self.dropped_aged = 0
         self.replayed = 0
 
-    # ------------------------------------------------------------ routes
+    # ------------------------------------------------------------ members
 
-    def hold(self, member: str, filters: Iterable[str], now: float) -> bool:
-        """The member became unreachable: keep its plain routes.  False if it had none."""
-        plain = frozenset(f for f in filters if split_shared(f)[0] is None)
-        previous = self.members.pop(member, None)
+    def hold(self, member: str, now: float) -> None:
+        """The member became unreachable with routes held (the route table keeps them)."""
+        previous = self.members.get(member)
         if previous is not None:
-            # Lost again before its own routes came back: the held ones still stand.
-            self.release_routes_of(member, previous)
-            plain |= previous.filters
-        if not plain:
-            return False
-        self.members[member] = HeldMember(plain, previous.since if previous is not None else now)
-        if previous is not None:
-            self.members[member].messages = previous.messages
-        for f in plain:
-            self.trie.add(f, member)
-        return True
+            # Lost again before its own routes came back: held since the first time,
+            # with what is held for it still.
+            previous.returned = False
+            return
+        self.members[member] = HeldMember(now)
 
-    def release_routes(self, member: str) -> None:
-        held = self.members.get(member)
-        if held is not None:
-            self.release_routes_of(member, held)
-
-    def release_routes_of(self, member: str, held: HeldMember) -> None:
-        for f in held.filters:
-            self.trie.remove(f, member)
-
-    def settle(self, member: str) -> None:
-        """A member that came back has its own routes again: the held ones go."""
+    def settle(self, member: str) -> bool:
+        """A member that came back has its own routes again: it is held no more (the
+        caller releases its held routes). False if it was not back or not held."""
         held = self.members.get(member)
         if held is not None and held.returned:
-            self.release_routes_of(member, held)
             del self.members[member]
-
-    def members_for(self, topic: str) -> set[str]:
-        if not self.members:
-            return set()
-        return set(self.trie.match(topic))
+            return True
+        return False
 
     def is_held(self, member: str) -> bool:
         """Unreachable with routes held (not back yet)."""
@@ -182,16 +163,16 @@ class HeldTraffic:
         return out
 
     def forget(self, member: str) -> list[tuple[int, Message]]:
-        """The member left for good: drop its routes; return what was held for it."""
+        """The member left for good (the caller releases its held routes): return what
+        was held for it."""
         held = self.members.pop(member, None)
         if held is None:
             return []
-        for f in held.filters:
-            self.trie.remove(f, member)
         return [(seq, msg) for seq, msg, _, _ in held.messages]
 
     def expire(self, now: float) -> tuple[list[str], list[tuple[str, int]]]:
-        """(members whose hold period ended, with everything they had; (member, seq) of
+        """(members whose hold period ended, with everything they had (the caller
+        releases their held routes); (member, seq) of
         messages older than `max_age` or past their own expiry)."""
         gone: list[str] = []
         aged: list[tuple[str, int]] = []
@@ -200,7 +181,6 @@ class HeldTraffic:
                 gone.append(member)
                 aged.extend((member, seq) for seq, _, _, _ in held.messages)
                 self.dropped_aged += len(held.messages)
-                self.release_routes(member)
                 del self.members[member]
                 continue
             while held.messages and (now - held.messages[0][2] > self.max_age or held.messages[0][1].expired(now)):

@@ -18,7 +18,15 @@ equal entries, and comparing digests tells which origins a peer lacks.  The hash
 XOR of per-filter hashes, kept incrementally.
 
 An origin declared dead is dropped (its routes go); when it comes back, its next delta
-leaves a gap (or starts a new epoch), so its entries return through a snapshot.
+leaves a gap (or starts a new epoch), so its entries return through a snapshot.  An
+origin that became unreachable without leaving may instead be *held* (`hold_origin`):
+its state goes as in a drop, but the set of its filters is kept as it was, by reference
+(no copy, no trie work: a member of a 10-node mesh at a million routes holds 100,000,
+and copying them into a trie of their own took every node seconds at each death), and
+its plain trie entries stay, so its routes keep matching until `release_held`. A lookup
+then names it (the caller holds what it matched); its shared entries are skipped by
+lookups until they are gone. Whatever the trie does for a held origin's filter (a
+delta, a snapshot, a slice) keeps a held plain filter in it.
 
 Snapshots pulled by route sync can be large (a node of a 10-node cluster at a million
 routes holds 100,000 of its own, about 0.8 s of trie work in one go, during which a
@@ -30,6 +38,8 @@ then the trie follows, a slice at a time. Until it has, a filter may still route
 origin that dropped it or not yet to one that added it (as if the snapshot came a
 little later); each filter the swap changed is brought to what the state holds *when
 its slice runs*, so deltas, drops and other snapshots in between keep the trie right.
+A dropped origin's trie entries (and a released hold's) go the same way, a slice at a
+time; until they have, lookups skip an origin that is neither held nor known again.
 """
 
 from __future__ import annotations
@@ -47,6 +57,9 @@ MAX_PARKED = 10_000
 # publisher's topics repeat, so most publishes skip the trie walk (bounded: a stream
 # of ever new topics only refills it).
 MATCH_MEMO = 4096
+
+
+SHARED_PREFIX = "$share/"
 
 
 def split_shared(topic_filter: str) -> tuple[str | None, str]:
@@ -214,8 +227,15 @@ class RouteTable:
         # first list has come).
         self._staged: deque[_Staged] = deque()
         self._staged_by_origin: dict[str, _Staged] = {}
-        self._unsynced: deque[tuple[str, list[str]]] = deque()
+        self._unsynced: deque[tuple[str, list[str], bool]] = deque()  # (origin, filters, from a drop)
         self._unsynced_at = 0
+        # Origins held (see the module's docstring): their route sets as they were,
+        # newest last (a member lost again before its own routes came back adds the
+        # ones it had meanwhile).
+        self.held: dict[str, list[set[str]]] = {}
+        # Origins dropped (or released from a hold) whose trie entries are still being
+        # removed: how many `_unsynced` runs of theirs are left.
+        self._draining: dict[str, int] = {}
 
     @property
     def epoch(self) -> int:
@@ -365,17 +385,23 @@ class RouteTable:
     def _sync_trie(self, budget: int) -> int:
         """Bring the next `budget` unsynced filters' trie entries to what their origin's
         state holds now; returns how many were looked at."""
-        origin, filters = self._unsynced[0]
+        origin, filters, dropped = self._unsynced[0]
         start = self._unsynced_at
         end = min(len(filters), start + budget)
         state = self.remote.get(origin)
-        held: set[str] | frozenset[str] = state.filters if state is not None else _NO_FILTERS
+        live: set[str] | frozenset[str] = state.filters if state is not None else _NO_FILTERS
         for i in range(start, end):
             f = filters[i]
-            self._trie_change(f, origin, f in held)  # add and remove are idempotent
+            self._trie_change(f, origin, f in live)  # add and remove are idempotent (and keep what is held)
         if end == len(filters):
             self._unsynced.popleft()
             self._unsynced_at = 0
+            if dropped:
+                left = self._draining[origin] - 1
+                if left:
+                    self._draining[origin] = left
+                else:
+                    del self._draining[origin]
         else:
             self._unsynced_at = end
         return end - start + 1
@@ -394,7 +420,7 @@ class RouteTable:
         self.remote[snap.origin] = new_state
         changed = list(old ^ new_state.filters)
         if changed:
-            self._unsynced.append((snap.origin, changed))
+            self._unsynced.append((snap.origin, changed, False))
         self._drain(snap.origin, new_state)
 
     def _newest(self, origin: str) -> tuple[int, int] | None:
@@ -406,11 +432,76 @@ class RouteTable:
             return (staged.snap.epoch, staged.snap.version)
         return held
 
-    def drop_origin(self, origin: str) -> list[Change]:
-        """The origin was declared dead: its routes go until it returns."""
+    def drop_origin(self, origin: str) -> int:
+        """The origin was declared dead or left: its routes go until it returns. Its
+        trie entries go a slice at a time (`settle`); returns how many it had."""
         self.wanted.discard(origin)
         self._staged_by_origin.pop(origin, None)
-        return self._drop(origin)
+        state = self.remote.pop(origin, None)
+        if state is None:
+            return 0
+        self._drain_trie(origin, state.filters)
+        return len(state.filters)
+
+    def _drain_trie(self, origin: str, filters: set[str]) -> None:
+        """Queue `filters` of an origin no longer routed by them for `settle`."""
+        if not filters:
+            return
+        self._matched = {}  # lookups skip the origin from now on (`match_nodes`)
+        self._unsynced.append((origin, list(filters), True))
+        self._draining[origin] = self._draining.get(origin, 0) + 1
+
+    def hold_origin(self, origin: str) -> bool:
+        """The origin became unreachable without leaving: its state goes as in
+        `drop_origin`, but its plain routes keep routing, by reference (see the
+        module's docstring), until `release_held`. False (and dropped as usual) when
+        it has no plain route held."""
+        sets = self.held.get(origin)
+        state = self.remote.get(origin)
+        if sets is None and (state is None or all(f.startswith(SHARED_PREFIX) for f in state.filters)):
+            self.drop_origin(origin)
+            return False
+        self.wanted.discard(origin)
+        self._staged_by_origin.pop(origin, None)
+        if sets is None:
+            sets = self.held[origin] = []
+        if state is not None:
+            del self.remote[origin]
+            if state.filters:
+                sets.append(state.filters)
+        return True
+
+    def restore_held(self, origin: str, filters: Iterable[str]) -> None:
+        """Routes held for `origin` before a restart (from the store), into the trie."""
+        kept = set(filters)
+        self.held.setdefault(origin, []).append(kept)
+        for f in kept:
+            if not f.startswith(SHARED_PREFIX):
+                self._trie_change(f, origin, True)
+
+    def release_held(self, origin: str) -> None:
+        """The origin's held routes stop routing (its own are back, it left, or the
+        hold period ended): their trie entries follow its state, a slice at a time."""
+        sets = self.held.pop(origin, None)
+        if sets is not None:
+            for filters in sets:
+                self._drain_trie(origin, filters)
+
+    def held_filters(self, origin: str) -> list[str]:
+        """Every filter held for `origin` (shared ones too: they are never held)."""
+        sets = self.held.get(origin, [])
+        if len(sets) == 1:
+            return list(sets[0])
+        return list(set().union(*sets))
+
+    def _is_held(self, origin: str, topic_filter: str) -> bool:
+        sets = self.held.get(origin)
+        if sets is None or topic_filter.startswith(SHARED_PREFIX):
+            return False
+        for filters in sets:
+            if topic_filter in filters:
+                return True
+        return False
 
     def _drop(self, origin: str) -> list[Change]:
         state = self.remote.pop(origin, None)
@@ -423,7 +514,7 @@ class RouteTable:
         if group is None:
             if self._matched:
                 self._matched = {}
-            if present:
+            if present or (self.held and self._is_held(origin, topic_filter)):
                 self.trie.add(topic_filter, origin)
             else:
                 self.trie.remove(topic_filter, origin)
@@ -497,21 +588,44 @@ class RouteTable:
         nodes = self._matched.get(topic)
         if nodes is None:
             nodes = frozenset(self.trie.match(topic))
+            if self._draining:
+                nodes = self._routed(nodes)
             if len(self._matched) >= MATCH_MEMO:
                 self._matched = {}
             self._matched[topic] = nodes
         return nodes
 
+    def _routed(self, nodes: frozenset[str]) -> frozenset[str]:
+        """`nodes` less the dropped origins whose trie entries are not all gone yet."""
+        draining = self._draining
+        remote = self.remote
+        held = self.held
+        return frozenset(n for n in nodes if n not in draining or n in remote or n in held)
+
     def match_shared(self, topic: str) -> dict[tuple[str, str], set[str]]:
         """(group, real filter) -> remote nodes with members of that shared subscription."""
         out: dict[tuple[str, str], set[str]] = {}
+        stale = self.held or self._draining
         for real_filter, pairs in self.shared_trie.match_filters(topic):
             for group, origin in pairs:
+                if stale and not self._live(origin, f"{SHARED_PREFIX}{group}/{real_filter}"):
+                    continue
                 out.setdefault((group, real_filter), set()).add(origin)
         return out
 
+    def _live(self, origin: str, topic_filter: str) -> bool:
+        """Whether a trie entry is the origin's own route: not one left of a dropped
+        state or a hold (only the plain entries of a hold route)."""
+        if origin not in self.held and origin not in self._draining:
+            return True
+        state = self.remote.get(origin)
+        return state is not None and topic_filter in state.filters
+
     def has_route(self, origin: str, topic_filter: str) -> bool:
-        """Whether `origin` has the plain route `topic_filter` in this replica."""
+        """Whether `origin` has the plain route `topic_filter` in this replica (its
+        own: not one held for it)."""
+        if self.held or self._draining:
+            return self._live(origin, topic_filter) and origin in self.trie.values(topic_filter)
         return origin in self.trie.values(topic_filter)
 
     def routes(self) -> dict[str, set[str]]:
