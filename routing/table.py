@@ -483,9 +483,13 @@ class RouteTable:
         """The origin's held routes stop routing (its own are back, it left, or the
         hold period ended): their trie entries follow its state, a slice at a time."""
         sets = self.held.pop(origin, None)
-        if sets is not None:
-            for filters in sets:
-                self._drain_trie(origin, filters)
+        if sets is None:
+            return
+        state = self.remote.get(origin)
+        for filters in sets:
+            # What its own state holds has its entries by the state's own changes: a
+            # member back with the same 100,000 routes releases none of them.
+            self._drain_trie(origin, filters - state.filters if state is not None else filters)
 
     def held_filters(self, origin: str) -> list[str]:
         """Every filter held for `origin` (shared ones too: they are never held)."""
