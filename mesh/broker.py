@@ -753,7 +753,10 @@ class Broker:
     def dequeue(self, session: Session) -> Delivery:
         """The head of the queue, which the caller either sends (`add_inflight`, whose
         record replaces the queued one) or is done with (`release_dequeued`)."""
-        return session.queue.popleft()
+        delivery = session.queue.popleft()
+        if session.recovered:
+            session.taken_from_queue(1)
+        return delivery
 
     def release_dequeued(self, session: Session, delivery: Delivery) -> None:
         """A dequeued delivery that goes no further (QoS 0 sent, expired)."""
@@ -920,6 +923,8 @@ class Broker:
             session.inflight[pid] = InflightEntry(delivery, st)
         if stored.queue:
             session.queue.extend(stored.queue)
+            # What a recovery left beyond the limit stays (its room shrinks as it is sent).
+            session.recovered = max(0, len(stored.queue) - self.limits.max_queued_messages)
         if stored.qos2_in:
             session.qos2_in.update(stored.qos2_in)
         if from_store:
@@ -1005,6 +1010,8 @@ class Broker:
         entries.sort(key=lambda d: d.seq)
         session.queue.clear()
         session.queue.extend(entries)
+        # Accepted on the session's behalf: room beyond the queue limit.
+        session.recovered = min(session.recovered + len(add), session.queued)
         for d in drop:
             self.store.release_delivery(session.client_id, d)
         for d in add:
@@ -1049,7 +1056,11 @@ class Broker:
         known.update((e.delivery.message.origin, e.delivery.message.msg_id) for e in session.inflight.values())
         known.update((d.message.origin, d.message.msg_id) for d in (session.queue if session.queued else ()))
         added = 0
-        for d in [d for _, d, _ in stored.inflight] + stored.queue:
+        merging = [d for _, d, _ in stored.inflight] + stored.queue
+        # Accepted on the session's behalf already: the queue limit (against a slow
+        # consumer) drops none of it (README "Session replication").
+        queued_before = session.recovery_starts(len(merging))
+        for d in merging:
             key = (d.message.origin, d.message.msg_id)
             if key in known or d.message.expired(now):
                 continue
@@ -1058,6 +1069,7 @@ class Broker:
             copy.dup = d.dup
             self.deliver(session, copy, now)
             added += 1
+        session.recovery_ended(len(merging), queued_before)
         return added
 
     def discard_session(self, client_id: str, now: float) -> None:

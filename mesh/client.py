@@ -552,6 +552,7 @@ class Client:
         queue = session.queue
         broker = self.broker
         machine = self.machine
+        queued = len(queue)
         while queue and not machine.window_full and not self.closing:
             d = queue.popleft()  # `Broker.dequeue`, inline: once per queued delivery
             expires_at = d.message.expires_at
@@ -567,6 +568,8 @@ class Client:
             pid = machine.allocate_packet_id()
             broker.add_inflight(session, pid, d)
             self._send_publish(d, pid, d.dup, now)
+        if session.recovered:
+            session.taken_from_queue(queued - len(queue))
 
     def _resume(self, now: float) -> None:
         """Session resumed: resend unacknowledged PUBLISHes with DUP=1 and pending

@@ -436,7 +436,9 @@ class Handoffs:
         await self._fence(owner, {})
         merge.queue += await replicas.held_for(client_id, owner, session.subscriptions)
         if merge.queue:
-            self.broker.merge_session(merge, self.clock.wall())
+            added = self.broker.merge_session(merge, self.clock.wall())
+            log.info("session %s: %d messages held for %s merged at the takeover (%d queued)",
+                     client_id, added, owner, session.queued)
         replicas.taken_over(client_id, owner)
         await self.cluster.wait_durable()
         self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=client_id, origin=owner,

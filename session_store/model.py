@@ -15,6 +15,12 @@ Queue overflow policy (`max_queued_messages`): when the queue is full, a QoS 0 m
 is dropped first (the oldest queued QoS 0 one, else the new one if it is QoS 0);
 otherwise the oldest queued message is dropped to make room for the newest.  Every drop
 is counted in `Session.dropped`; the broker turns that into a metric and a log line.
+
+The limit protects against a slow consumer, not against the cluster's own recovery:
+what a recovery merges into the queue (a takeover's messages held for the dead owner,
+a returned owner's copy, a handoff's tail) was accepted on the session's behalf
+already and is not counted: it gets room beyond the limit (`Session.recovered`), which
+shrinks as the client takes messages from the head of the queue.
 """
 
 from __future__ import annotations
@@ -164,6 +170,9 @@ class Session:
     connected_at: float | None = None
     clean_start: bool = True
     dropped: int = 0
+    # Room in the queue beyond the limit, for what a recovery put there
+    # (`recovery_starts`): it shrinks as the client takes messages from the head.
+    recovered: int = 0
     stored: bool = False  # has records in the store (so ending it must delete them)
     next_seq: int = 1
 
@@ -208,11 +217,12 @@ class Session:
 
     def enqueue(self, delivery: Delivery, limit: int) -> Delivery | None:
         """Queue a delivery under the overflow policy; return the one dropped, if any."""
-        if limit <= 0:
+        room = limit + self.recovered
+        if room <= 0:
             self.dropped += 1
             return delivery
         queue = self.queue  # once: a property (per message while a window is full)
-        if len(queue) < limit:
+        if len(queue) < room:
             if faults.REORDER_QUEUE and queue:
                 queue.insert(len(queue) - 1, delivery)  # BUGGIFY: ahead of the one before
                 return None
@@ -232,6 +242,21 @@ class Session:
         self.queue.append(delivery)
         self.dropped += 1
         return dropped
+
+    def recovery_starts(self, coming: int) -> int:
+        """A recovery is about to merge up to `coming` deliveries (accepted on the
+        session's behalf already): room beyond the limit for all of them.  Returns the
+        queue's length, for `recovery_ended`."""
+        self.recovered += coming
+        return self.queued
+
+    def recovery_ended(self, coming: int, queued_before: int) -> None:
+        """The room stays for what the recovery put into the queue, and no more."""
+        self.recovered = max(0, min(self.recovered - coming + self.queued - queued_before, self.queued))
+
+    def taken_from_queue(self, n: int) -> None:
+        """`n` deliveries left the head of the queue: the recovered room shrinks with them."""
+        self.recovered = max(0, min(self.recovered - n, self.queued))
 
     def expires_at(self) -> float | None:
         """Wall-clock time at which this (disconnected) session ends, None = never."""

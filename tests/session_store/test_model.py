@@ -25,6 +25,40 @@ def test_overflow_drops_qos0_first_then_oldest():
     assert s.dropped == 3
 
 
+def test_what_a_recovery_merged_is_outside_the_limit_which_counts_the_rest():
+    """A recovery (a takeover's held messages) puts 5 into a queue of limit 3 that held
+    1: none is dropped; 2 more arrivals fit (the limit counts them and the one queued
+    before), a 3rd drops the oldest (a slow consumer); the room shrinks as the client
+    takes from the head."""
+    s = Session("c", persistent=True)
+    assert s.enqueue(delivery(1, 0), 3) is None
+    before = s.recovery_starts(5)
+    assert all(s.enqueue(delivery(1, n), 3) is None for n in range(1, 6))
+    s.recovery_ended(5, before)
+    assert s.recovered == 5
+    assert all(s.enqueue(delivery(1, n), 3) is None for n in range(6, 8))
+    assert s.enqueue(delivery(1, 8), 3).message.topic == "t/0"
+    assert s.recovered == 5 and s.queued == 8
+    for _ in range(4):
+        s.queue.popleft()
+        s.taken_from_queue(1)
+    assert s.recovered == 1 and s.queued == 4  # t/5 .. t/8: 3 + 1 of room
+    assert s.enqueue(delivery(1, 9), 3).message.topic == "t/5"
+    s.queue.clear()
+    s.taken_from_queue(0)
+    assert s.recovered == 0
+
+
+def test_a_recovery_that_queued_nothing_leaves_no_room():
+    s = Session("c", persistent=True)
+    for n in range(3):
+        s.enqueue(delivery(1, n), 3)
+    before = s.recovery_starts(10)  # all ten were known already: none queued
+    s.recovery_ended(10, before)
+    assert s.recovered == 0
+    assert s.enqueue(delivery(1, 3), 3).message.topic == "t/0"
+
+
 def test_expiry_from_disconnect_time():
     s = Session("c", persistent=True, expiry_interval=10)
     assert s.expires_at() is None  # connected
