@@ -373,6 +373,11 @@ class Broker:
         if self.hooks.session_terminated:
             self.hooks.notify(HookPoint.SESSION_TERMINATED, session.client_id)
 
+    def publish_will(self, client_id: str, will: Will, now: float) -> None:
+        """A will sent on another node's behalf (a replica's, whose owner died and whose
+        client never came back: `replication.service`)."""
+        self._publish_will(client_id, will, now)
+
     def _publish_will(self, client_id: str, will: Will, now: float) -> None:
         props = will.properties
         expires_at = None

@@ -36,3 +36,6 @@ def replication_metrics(m: Metrics, replication: Replication) -> None:
                      lambda: len(replication.copies_held))
     m.counter_callback("meshd_replication_takeovers_total", "sessions taken over here from a replica (owner gone)",
                        lambda: stats.takeovers)
+    m.counter_callback("meshd_replication_orphan_wills_total",
+                       "wills sent here for a session whose owner died and whose client did not come back",
+                       lambda: stats.orphan_wills)

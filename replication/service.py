@@ -47,7 +47,7 @@ import trio
 import faults
 from clock import Clock
 from clock.hlc import HlcTimestamp
-from replication import changes
+from replication import changes, orphan_wills
 from replication.changes import ChangeError, ReplicaCopy
 from replication.placement import replicas_for
 from routing.queries import QueryChannel, QueryFailed, QueryRefused
@@ -81,6 +81,8 @@ ASYNC_LINGER = 0.02  # async: seconds changes gather before a batch goes (nothin
 BUGGIFY_LAG = 2.0  # ack-before-replica: how far the replicas lag behind (so a crash falls in the gap)
 SEQ_BASE_SHIFT = 20  # a session's sequence numbers start at wall ms << 20 on each node start
 COLLECT_GRACE_MS = 60_000  # a copy outlived by a newer claim goes this long after the claim
+ORPHAN_RECHECK = 5.0  # a due will that a replica ranked before this one holds: asked again after this
+TAKEN_FOR = 30.0  # a copy a taker fetched: its will is the taker's this long (then the taker owns it)
 HEADER_META = "repl/"
 DELIVERY_META = "repld/"
 
@@ -113,6 +115,8 @@ class SessionsHost(Protocol):
     def on_durable(self) -> None: ...
 
     def merge_session(self, stored: StoredSession, now: float) -> int: ...
+
+    def publish_will(self, client_id: str, will: Will, now: float) -> None: ...
 
 
 class ReplicaStore(Protocol):
@@ -157,6 +161,7 @@ class ReplicationStats:
     applied: int = 0  # changes applied here as a replica
     refused_stale: int = 0  # batches refused here: their sender no longer owns the session
     takeovers: int = 0  # sessions taken over here from a replica
+    orphan_wills: int = 0  # wills sent here for a session whose owner died and whose client never came back
     under_replicated: int = 0  # sessions owned here with fewer copies than session_replicas
     degraded_episodes: int = 0
 
@@ -238,6 +243,14 @@ class Replication:
         # The will record of each stored session that has one (the store keeps it apart
         # from the session; a snapshot carries it).
         self._wills: dict[str, bytes] = {cid: records.encode_will(*will) for cid, will in (recovered_wills or {}).items()}
+        # Orphaned wills (`_send_orphan_wills`): members seen alive since this start,
+        # since when each that is not any more has been seen dead (wall), copies whose
+        # will is being sent or that a replica ranked before this one holds (until when
+        # not to ask again), and copies a taker fetched (when).
+        self._seen_alive: set[str] = set()
+        self._dead_since: dict[str, float] = {}
+        self._orphan_busy: dict[str, float] = {}
+        self._taken: dict[str, float] = {}
         self._restore(recovered_meta or {})
         queries.handle("repl", self._answer_batch)
         queries.handle_pipelined("repl", self._answer_batch_pipelined)
@@ -245,6 +258,7 @@ class Replication:
         queries.handle("repl_take", self._answer_take)
         queries.handle("repl_drop", self._answer_drop)
         queries.handle("repl_held", self._answer_held)
+        queries.handle("repl_nowill", self._answer_nowill)
         if copies > 1:
             store.on_session_change(self)
 
@@ -714,6 +728,7 @@ class Replication:
         wanted = self.copies - 1
         self._note_degraded(sum(1 for t in self._tracked.values() if len(t.replicas) < wanted) if wanted > 0 else 0)
         self._collect_copies(alive)
+        self._send_orphan_wills(alive)
         self._update_floor()
 
     # ------------------------------------------------------------ the replica's side
@@ -747,6 +762,7 @@ class Replication:
             store.put_meta(HEADER_META + cid, copy.header())
 
     def _drop_copy(self, cid: str) -> None:
+        self._taken.pop(cid, None)
         copy = self.copies_held.pop(cid, None)
         if copy is not None:
             self._persist(cid, changes.Applied(None, deleted=list(copy.deliveries), ended=True))
@@ -841,6 +857,7 @@ class Replication:
         copy = self.copies_held.get(str(args["c"]))
         if copy is None:
             return {}
+        self._taken[copy.client_id] = self.clock.now()  # its will is the taker's now
         return {"h": copy.header(), "d": [[dseq, state_wire[0], state_wire[1]] for dseq, state_wire in sorted(copy.deliveries.items())]}
 
     async def _answer_drop(self, peer: str, args: Mapping[str, Any]) -> object:
@@ -866,6 +883,107 @@ class Replication:
             if (claim.owner is None or claim.owner in alive or claim.owner == self.node_id) \
                     and now_ms - claim.stamp.wall_ms > COLLECT_GRACE_MS:
                 self._drop_copy(cid)
+
+    # ------------------------------------------------------------ wills of orphaned copies
+
+    def _orphaned(self, cid: str, copy: ReplicaCopy, alive: set[str]) -> bool:
+        """Whether `copy`'s owner is dead and no one took its session over (no newer
+        claim by anyone; the claim spreads with the takeover)."""
+        if copy.owner in alive or copy.owner == self.node_id or copy.owner not in self._dead_since:
+            return False
+        claim = self.claims.get(cid) if self.claims is not None else None
+        return claim is None or claim.owner == copy.owner
+
+    def _send_orphan_wills(self, alive: set[str]) -> None:
+        """Copies of sessions whose owner died with the will unsent: when a will is due
+        (`orphan_wills.will_due`) and its client has not come back, the replica first in
+        the session's rendezvous order that holds a copy sends it, once."""
+        wall, now = self.clock.wall(), self.clock.now()
+        for member in alive:
+            self._seen_alive.add(member)
+            self._dead_since.pop(member, None)
+        for member in self._seen_alive - alive:
+            # Only a member seen alive since this start: at a start, members not heard
+            # yet are not dead.
+            self._dead_since.setdefault(member, wall)
+        if self._nursery is None or not self._dead_since:
+            return
+        for cid, copy in self.copies_held.items():
+            if copy.will is None or self._orphan_busy.get(cid, 0.0) > now or not self._orphaned(cid, copy, alive):
+                continue
+            taken = self._taken.get(cid)
+            if taken is not None and now - taken < TAKEN_FOR:
+                continue
+            try:
+                _, due = orphan_wills.will_due(copy.will, copy.level, copy.disconnected_at, copy.expiry,
+                                               self._dead_since[copy.owner])
+            except records.RecordError as exc:
+                log.warning("session %s: the will of its copy does not decode (%s); dropped", cid, exc)
+                copy.will = None
+                self.store.put_meta(HEADER_META + cid, copy.header())
+                continue
+            if due <= wall:
+                self._orphan_busy[cid] = float("inf")
+                self._nursery.start_soon(self._send_orphan_will, cid, copy.owner)
+
+    async def _send_orphan_will(self, cid: str, owner: str) -> None:
+        busy_until = 0.0
+        try:
+            before = orphan_wills.ranked_before(cid, self.node_id, owner, self.members.alive_members())
+            holders: list[str] = []
+
+            async def ask(peer: str) -> None:
+                try:
+                    reply = await self.queries.ask(peer, "repl_seq", {"c": cid}, timeout=TAKEOVER_ASK_TIMEOUT)
+                except (QueryFailed, OSError, trio.BrokenResourceError):
+                    return  # a member that cannot say is not the one to send it
+                if isinstance(reply, dict) and isinstance(reply.get("s"), int):
+                    holders.append(peer)
+
+            async with trio.open_nursery() as nursery:
+                for peer in before:
+                    nursery.start_soon(ask, peer)
+            if holders:
+                busy_until = self.clock.now() + ORPHAN_RECHECK  # its will to send; asked again if it dies
+                return
+            # Checked again after the asking: a taker may have fetched the copy or
+            # claimed the session meanwhile, and a member may have cleared the will.
+            copy = self.copies_held.get(cid)
+            taken = self._taken.get(cid)
+            if copy is None or copy.will is None or copy.owner != owner                     or (taken is not None and self.clock.now() - taken < TAKEN_FOR)                     or not self._orphaned(cid, copy, set(self.members.alive_members())):
+                return
+            will, _ = records.decode_will(copy.will)
+            copy.will = None  # before it leaves: a takeover from this copy now finds no will
+            self.store.put_meta(HEADER_META + cid, copy.header())
+            self.broker.publish_will(cid, will, self.clock.wall())
+            self.stats.orphan_wills += 1
+            log.info("session %s: its owner %s died and its client has not come back: its will sent here",
+                     cid, owner)
+            async with trio.open_nursery() as nursery:
+                for peer in self.members.alive_members():
+                    if peer not in (self.node_id, owner):
+                        nursery.start_soon(self._tell_no_will, peer, cid, owner)
+        finally:
+            if busy_until:
+                self._orphan_busy[cid] = busy_until
+            else:
+                self._orphan_busy.pop(cid, None)
+
+    async def _tell_no_will(self, peer: str, cid: str, owner: str) -> None:
+        """Another copy's will goes too: sent once, whoever sends after this node dies."""
+        try:
+            await self.queries.ask(peer, "repl_nowill", {"c": cid, "o": owner}, timeout=REPLICA_TIMEOUT)
+        except (QueryFailed, OSError, trio.BrokenResourceError):
+            pass  # an older member, or one gone: it may send the will again only after this node is gone too
+
+    async def _answer_nowill(self, peer: str, args: Mapping[str, Any]) -> object:
+        cid, owner = str(args["c"]), str(args["o"])
+        copy = self.copies_held.get(cid)
+        if copy is not None and copy.owner == owner and copy.will is not None:
+            copy.will = None
+            self.store.put_meta(HEADER_META + cid, copy.header())
+            await self._locally_durable()
+        return {}
 
     # ------------------------------------------------------------ takeover
 

@@ -1,12 +1,14 @@
 """Wills travel with a replicated session (issue 29): the owner dies, the client takes
 its session over from the replica on another node, and its will is honoured there as
-on the owner: sent when its connection was lost with no delay (or its delay passed
-while no one could send it), cancelled by the reconnect within its delay."""
+on the owner: sent when its connection was lost with no delay, cancelled by the
+reconnect within its delay; a client that does not come back has it sent by its
+replica when it is due, once."""
 
 from __future__ import annotations
 
 from mqtt import Properties, Will
 from replication.changes import ReplicaCopy
+from replication.placement import ranked, replicas_for
 from simulation.cluster import SimCluster
 from tests.cluster_sim.helpers import sim, wait_route
 from tests.cluster_sim.test_replication import EXPIRY, replication, wait_dead
@@ -29,7 +31,7 @@ def will(topic: str, payload: bytes, delay: int | None = None) -> Will:
     return Will(topic, payload, 1, False, Properties(will_delay_interval=delay))
 
 
-def test_a_will_without_delay_is_sent_once_by_the_node_that_takes_the_session_over() -> None:
+def test_a_will_without_delay_is_sent_once_across_the_owners_death_and_the_takeover() -> None:
     async def scenario(c: SimCluster) -> None:
         watcher = await c.connect("n1", "watcher")
         await watcher.subscribe("wills/#", 1)
@@ -41,17 +43,18 @@ def test_a_will_without_delay_is_sent_once_by_the_node_that_takes_the_session_ov
                          "the will on the replica")
         await c.crash("n0")
         await wait_dead(c, "n0")
-        assert watcher.payloads("wills/dev") == []  # no one sent it: the owner died with the connection
+        # Due at the owner's death: its replica sends it, or the node the client takes
+        # the session over on, whichever comes first; once.
         await dev.reconnect("n2", session_expiry=EXPIRY)
         assert dev.session_present
-        await c.wait_for(lambda: watcher.payloads("wills/dev") == [b"gone"], 10, "the will, from n2")
+        await c.wait_for(lambda: watcher.payloads("wills/dev") == [b"gone"], 10, "the will")
         await c.run_for(5.0)
         assert watcher.payloads("wills/dev") == [b"gone"]
 
     sim(scenario, session_replicas=2)
 
 
-def test_a_delayed_will_is_cancelled_by_the_reconnect_and_sent_when_its_delay_passed_unseen() -> None:
+def test_a_delayed_will_is_cancelled_by_the_reconnect_and_sent_by_the_replica_when_its_delay_passed() -> None:
     async def scenario(c: SimCluster) -> None:
         watcher = await c.connect("n1", "watcher")
         await watcher.subscribe("wills/#", 1)
@@ -73,13 +76,81 @@ def test_a_delayed_will_is_cancelled_by_the_reconnect_and_sent_when_its_delay_pa
         await wait_dead(c, "n0")
         await back.reconnect("n2", session_expiry=EXPIRY)
         assert back.session_present
-        await c.run_for(max(0.0, started + 15.0 - c.clock.now()))
-        assert watcher.payloads("wills/late") == []  # due, but its owner is dead
+        # Due 10 s after it left, its owner dead: its replica sends it, and the
+        # reconnect after does not send it again.
+        await c.wait_for(lambda: watcher.payloads("wills/late") == [b"late gone"],
+                         max(1.0, started + 15.0 - c.clock.now()), "late's will, from its replica")
+        assert c.clock.now() - started >= 10.0
         await late.reconnect("n2", session_expiry=EXPIRY)
         assert late.session_present
-        await c.wait_for(lambda: watcher.payloads("wills/late") == [b"late gone"], 10, "late's will")
         await c.run_for(40.0)  # past back's delay: its will stays cancelled
         assert watcher.payloads("wills/back") == []
         assert watcher.payloads("wills/late") == [b"late gone"]
 
     sim(scenario, session_replicas=2)
+
+
+def test_a_client_that_never_comes_back_has_its_will_sent_once_by_the_responsible_replica() -> None:
+    """The owner dies and the client never reconnects: the replica that holds the copy
+    sends the will when it is due (its delay after the owner's death; a client that had
+    left before, at its recorded due time), once, and no other node sends it again;
+    a will whose session ends first goes at the session's end."""
+
+    async def scenario(c: SimCluster) -> None:
+        watcher = await c.connect("n1", "watcher")
+        await watcher.subscribe("wills/#", 1)
+        await wait_route(c, "wills/#", {"n1"})
+        gone = await c.connect("n0", "gone", clean_start=False, session_expiry=EXPIRY,
+                               will=will("wills/gone", b"gone for good", delay=5))
+        short = await c.connect("n0", "short", clean_start=False, session_expiry=3,
+                                will=will("wills/short", b"short session", delay=60))
+        await known_everywhere(c, "gone")
+        await known_everywhere(c, "short")
+        await c.wait_for(lambda: all((copy := held(c, cid)) is not None and copy.will is not None
+                                     for cid in ("gone", "short")), 10, "the wills on the replicas")
+        assert gone.connected and short.connected
+        await c.crash("n0")
+        killed = c.clock.now()
+        await wait_dead(c, "n0")
+        await c.wait_for(lambda: watcher.payloads("wills/short") == [b"short session"], 15,
+                         "short's will, at its session's end")
+        assert watcher.payloads("wills/gone") == []  # its 5 s delay has not passed
+        await c.wait_for(lambda: watcher.payloads("wills/gone") == [b"gone for good"], 20, "gone's will")
+        assert c.clock.now() - killed >= 5.0
+        await c.run_for(30.0)
+        assert watcher.payloads("wills/gone") == [b"gone for good"]
+        assert watcher.payloads("wills/short") == [b"short session"]
+        assert held(c, "gone") is not None and held(c, "gone").will is None  # sent: no takeover sends it again
+
+    sim(scenario, session_replicas=2)
+
+
+def test_with_two_replicas_the_first_in_rendezvous_order_sends_the_will_and_no_one_again() -> None:
+    """Three copies: both replicas hold the will when the owner dies; the one first in
+    the session's rendezvous order sends it, the other's copy loses it; the sender dies
+    too, and the will is not sent again."""
+
+    async def scenario(c: SimCluster) -> None:
+        nodes = ["n0", "n1", "n2", "n3"]
+        holders = replicas_for("twice", "n0", nodes, 3)
+        elsewhere = next(n for n in nodes if n not in holders and n != "n0")
+        watcher = await c.connect(elsewhere, "watcher")
+        await watcher.subscribe("wills/#", 1)
+        await wait_route(c, "wills/#", {elsewhere})
+        dev = await c.connect("n0", "twice", clean_start=False, session_expiry=EXPIRY, will=will("wills/twice", b"once"))
+        await c.wait_for(lambda: all((copy := replication(c, n).copies_held.get("twice")) is not None
+                                     and copy.will is not None for n in holders), 10, "the will on both replicas")
+        assert dev.connected
+        await c.crash("n0")
+        await wait_dead(c, "n0")
+        await c.wait_for(lambda: watcher.payloads("wills/twice") == [b"once"], 10, "the will")
+        sender = ranked("twice", holders)[0]
+        assert [n for n in holders if replication(c, n).stats.orphan_wills] == [sender]
+        await c.wait_for(lambda: all(replication(c, n).copies_held["twice"].will is None for n in holders), 10,
+                         "no copy keeps the will")
+        await c.crash(sender)
+        await wait_dead(c, sender)
+        await c.run_for(10.0)
+        assert watcher.payloads("wills/twice") == [b"once"]
+
+    sim(scenario, nodes=4, session_replicas=3)
