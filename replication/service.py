@@ -49,7 +49,7 @@ from clock import Clock
 from clock.hlc import HlcTimestamp
 from replication import changes, orphan_wills
 from replication.changes import ChangeError, ReplicaCopy
-from replication.placement import replicas_for
+from replication.placement import ranked, replicas_for
 from routing.queries import QueryChannel, QueryFailed, QueryRefused
 from mqtt.topics import topic_matches
 from mqtt import Will
@@ -65,6 +65,9 @@ REPLICA_TIMEOUT = 2.0  # a replica that does not confirm a batch within this is 
 WRITE_CHECK = 0.5  # a replica waiting for its disk looks this often whether its writes fail
 FAILED_FOR = 30.0  # ... and left out of placement this long
 TAKEOVER_ASK_TIMEOUT = 1.5  # how long a takeover waits for members to say what copy they hold
+# How long a CONNECT that knows no claim of its session waits for the session's replica
+# set to say whether they hold a copy (every new persistent session asks: kept short).
+UNCLAIMED_ASK_TIMEOUT = 0.5
 HOUSEKEEPING_INTERVAL = 1.0
 FOLLOW_HELD_FOR = 60.0  # after a takeover, what members hold for the dead owner is fetched this long
 FOLLOW_HELD_EVERY = 2.0
@@ -1031,6 +1034,35 @@ class Replication:
         log.info("session %s taken over from the replica on %s (seq %d, %d queued, %d in flight; owner %s unreachable)",
                  client_id, holder, seq, len(stored.queue), len(stored.inflight), owner)
         return stored
+
+    async def unclaimed_copy_owner(self, client_id: str) -> str | None:
+        """For a CONNECT resuming a session whose claim this node never heard (its owner
+        may have died before the claim spread): the owner of the newest copy held in
+        the session's rendezvous replica set (the `copies` live members ranked first:
+        the replicas were chosen so, with the owner among them or not), or None."""
+        if self.copies <= 1:
+            return None
+        best: tuple[tuple[HlcTimestamp, int], str] | None = None
+        local = self.copies_held.get(client_id)
+        if local is not None:
+            best = ((_claim_key(local.stamp), local.seq), local.owner)
+
+        async def ask(peer: str) -> None:
+            nonlocal best
+            try:
+                reply = await self.queries.ask(peer, "repl_seq", {"c": client_id}, timeout=UNCLAIMED_ASK_TIMEOUT)
+            except (QueryFailed, OSError, trio.BrokenResourceError):
+                return  # as if it held none: the CONNECT starts a new session, as without a copy
+            if isinstance(reply, dict) and isinstance(reply.get("s"), int) and isinstance(reply.get("o"), str):
+                key = (_claim_key(reply.get("h")), reply["s"])
+                if best is None or key > best[0]:
+                    best = (key, reply["o"])
+
+        async with trio.open_nursery() as nursery:
+            for peer in ranked(client_id, self.members.alive_members())[:self.copies]:
+                if peer != self.node_id:
+                    nursery.start_soon(ask, peer)
+        return best[1] if best is not None else None
 
     async def held_for(self, client_id: str, owner: str,
                        subscriptions: Mapping[str, SubscriptionOptions]) -> list[Delivery]:

@@ -147,6 +147,8 @@ class ReplicaSource(Protocol):
 
     async def copy_for_takeover(self, client_id: str, owner: str) -> StoredSession | None: ...
 
+    async def unclaimed_copy_owner(self, client_id: str) -> str | None: ...
+
     async def held_for(self, client_id: str, owner: str, subscriptions: Mapping[str, SubscriptionOptions]) -> list[Delivery]: ...
 
     def taken_over(self, client_id: str, owner: str) -> None: ...
@@ -406,6 +408,10 @@ class Handoffs:
         self._forget_moved(client_id)
         self._forget_relayed_to(client_id)
         owner = previous.owner if previous is not None else None
+        if previous is None and not clean_start and self.replicas is not None:
+            # No claim known here: its owner may have died before the claim spread,
+            # while a replica holds the session's copy (README "Session replication").
+            owner = await self.replicas.unclaimed_copy_owner(client_id)
         if clean_start or owner is None or owner == self.node_id:
             return "ok"
         if owner not in self.gossip.alive_members():
