@@ -285,3 +285,12 @@ def test_a_givers_later_push_does_not_raise_its_mark() -> None:
     # then: n1 took p4/5/1, replayed, for kept in n3's copy, and the acknowledged
     # message was lost.  The giver's mark is that of its first push now.
     assert simulate_seed(5, 20, 60, 37) == "seed=37 ok"
+
+
+def test_a_connect_back_on_a_giver_whose_handoff_committed_does_not_release_its_own_claim() -> None:
+    # Seed 20068 of 3 nodes, 6 clients, 15 s: s0's CONNECT at n1 took its session from
+    # n2 and n1 was killed after the commit; s0 came back to n2, which claimed it, then
+    # discarded its stale copy: the discard released that new claim.  n1, restarted,
+    # answered n2's takeover with the release as a newer claim, and n2 closed the
+    # CONNECT with 0x8E (no SUBACK).  The stale copy now goes before the claim.
+    assert simulate_seed(3, 6, 15, 20068) == "seed=20068 ok"
