@@ -212,6 +212,9 @@ class Broker:
         self._timers: list[tuple[float, int, str, str, int]] = []
         self._timer_seq = itertools.count()
         self._pending_wills: dict[str, tuple[int, Will]] = {}
+        # Restored wills that were due at the start, held for `restore`'s grace: a
+        # reconnect sends them instead of cancelling them.
+        self._restored_due: set[str] = set()
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
@@ -253,7 +256,7 @@ class Broker:
                 if delay == 0 or connect.clean_start:
                     self._publish_will(client_id, will, now)
         # A reconnect cancels a will waiting for its delay.
-        self._pending_wills.pop(client_id, None)
+        self._reconnected(client_id, now)
 
         level = connect.protocol_level
         if level == 5:
@@ -363,6 +366,7 @@ class Broker:
         self.sessions.pop(session.client_id, None)
         self.expired_while_down.pop(session.client_id, None)
         pending = self._pending_wills.pop(session.client_id, None)
+        self._restored_due.discard(session.client_id)
         if pending is not None and publish_pending_will:
             # A will whose delay outlives the session is sent when the session ends.
             self._publish_will(session.client_id, pending[1], now)
@@ -372,6 +376,26 @@ class Broker:
             self.mesh.session_ended(session.client_id)
         if self.hooks.session_terminated:
             self.hooks.notify(HookPoint.SESSION_TERMINATED, session.client_id)
+
+    def _reconnected(self, client_id: str, now: float) -> None:
+        """The client is back (here or elsewhere): its will waiting for its delay is
+        cancelled; a restored one that was due (held for `restore`'s grace only) goes."""
+        pending = self._pending_wills.pop(client_id, None)
+        if self._restored_due and client_id in self._restored_due:
+            self._restored_due.discard(client_id)
+            if pending is not None:
+                self._publish_will(client_id, pending[1], now)
+
+    def cancel_will(self, client_id: str) -> bool:
+        """A pending will that another node sent already (this node's, restored after a
+        crash): it does not go.  Whether one was pending."""
+        self._restored_due.discard(client_id)
+        if self._pending_wills.pop(client_id, None) is None:
+            return False
+        session = self.sessions.get(client_id)
+        if session is not None and session.stored:
+            self.store.delete_will(client_id)
+        return True
 
     def publish_will(self, client_id: str, will: Will, now: float) -> None:
         """A will sent on another node's behalf (a replica's, whose owner died and whose
@@ -407,6 +431,7 @@ class Broker:
                 pending = self._pending_wills.get(key)
                 if pending is not None and pending[0] == token:
                     del self._pending_wills[key]
+                    self._restored_due.discard(key)
                     session = self.sessions.get(key)
                     if session is not None and session.stored:
                         self.store.delete_will(key)
@@ -863,8 +888,11 @@ class Broker:
 
     # ------------------------------------------------------------------ restart
 
-    def restore(self, state: RecoveredState, now: float) -> None:
-        """Rebuild sessions, tries, retained messages and timers from the store."""
+    def restore(self, state: RecoveredState, now: float, *, will_grace: float = 0.0) -> None:
+        """Rebuild sessions, tries, retained messages and timers from the store.  A
+        restored will goes `will_grace` seconds after the start at the earliest: a
+        replica or the node that took its session over may have sent it while this
+        node was down, and says so (`cancel_will`) once it sees this node back."""
         for msg in state.retained:
             if not msg.expired(now):
                 self.retained.set(msg.topic, msg)
@@ -886,6 +914,10 @@ class Broker:
                 if due is None:  # connected at the crash: the close was abnormal
                     delay = will.properties.will_delay_interval or 0
                     due = now + delay
+                if will_grace and due < now + will_grace:
+                    if due <= now:
+                        self._restored_due.add(stored.client_id)
+                    due = now + will_grace
                 token = next(self._timer_seq)
                 self._pending_wills[stored.client_id] = (token, will)
                 self._add_timer(due, "will", stored.client_id, token)
@@ -961,7 +993,7 @@ class Broker:
             will = conn.take_will()
             if will is not None and not (will.properties.will_delay_interval or 0):
                 self._publish_will(client_id, will, now)
-        self._pending_wills.pop(client_id, None)
+        self._reconnected(client_id, now)
         if session is None:
             return None
         if not session.persistent:

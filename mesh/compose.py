@@ -66,7 +66,7 @@ from netsplit.view import PartitionView
 from routing.cluster import Cluster
 from routing.port import MeshPort
 from routing.queries import MeshQueries
-from replication.service import Replication
+from replication.service import RESTORED_WILL_GRACE, Replication
 from routing.table import RouteTable
 from session_store.rocks import RocksStore, StoreOpenError
 from session_store.store import SessionStore
@@ -154,7 +154,7 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     timers_changed = Doorbell()
     broker = Broker(BrokerLimits.from_settings(settings), node_id=node_id, store=store, clock=clock, mesh=mesh,
                     on_timer_change=timers_changed.ring, rng=_child(rng), hooks=hooks, delayed=delayed, streams=streams)
-    broker.restore(recovered, started_at)
+    broker.restore(recovered, started_at, will_grace=RESTORED_WILL_GRACE if settings.session_replicas > 1 else 0.0)
     bridges = build_bridges(settings, bridge_tables, node_id=node_id, clock=clock, rng=_child(rng), broker=broker,
                             hooks=hooks, in_memory=open_store is not None, run_write=run_write)
     # Plugins (this node's `plugins`) and the rule engine with this node's `[[rules]]`.

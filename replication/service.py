@@ -86,6 +86,9 @@ SEQ_BASE_SHIFT = 20  # a session's sequence numbers start at wall ms << 20 on ea
 COLLECT_GRACE_MS = 60_000  # a copy outlived by a newer claim goes this long after the claim
 ORPHAN_RECHECK = 5.0  # a due will that a replica ranked before this one holds: asked again after this
 TAKEN_FOR = 30.0  # a copy a taker fetched: its will is the taker's this long (then the taker owns it)
+# A will restored by an owner back from a crash waits this long after its start: a
+# replica that sent it meanwhile tells it so once it sees it alive (`repl_nowill`).
+RESTORED_WILL_GRACE = 5.0
 HEADER_META = "repl/"
 DELIVERY_META = "repld/"
 
@@ -120,6 +123,8 @@ class SessionsHost(Protocol):
     def merge_session(self, stored: StoredSession, now: float) -> int: ...
 
     def publish_will(self, client_id: str, will: Will, now: float) -> None: ...
+
+    def cancel_will(self, client_id: str) -> bool: ...
 
 
 class ReplicaStore(Protocol):
@@ -254,6 +259,7 @@ class Replication:
         self._dead_since: dict[str, float] = {}
         self._orphan_busy: dict[str, float] = {}
         self._taken: dict[str, float] = {}
+        self._wills_sent: dict[str, str] = {}  # client id -> the dead owner whose will this node sent
         self._restore(recovered_meta or {})
         queries.handle("repl", self._answer_batch)
         queries.handle_pipelined("repl", self._answer_batch_pipelined)
@@ -904,7 +910,11 @@ class Replication:
         wall, now = self.clock.wall(), self.clock.now()
         for member in alive:
             self._seen_alive.add(member)
-            self._dead_since.pop(member, None)
+            if self._dead_since.pop(member, None) is not None and self._nursery is not None:
+                # Back: the wills this node sent for it must not go again from its store.
+                for cid, owner in list(self._wills_sent.items()):
+                    if owner == member:
+                        self._nursery.start_soon(self._tell_owner_will_sent, member, cid)
         for member in self._seen_alive - alive:
             # Only a member seen alive since this start: at a start, members not heard
             # yet are not dead.
@@ -912,7 +922,9 @@ class Replication:
         if self._nursery is None or not self._dead_since:
             return
         for cid, copy in self.copies_held.items():
-            if copy.will is None or self._orphan_busy.get(cid, 0.0) > now or not self._orphaned(cid, copy, alive):
+            # Cheapest first: every copy is looked at each round while a member is dead.
+            if copy.will is None or copy.owner not in self._dead_since or self._orphan_busy.get(cid, 0.0) > now \
+                    or not self._orphaned(cid, copy, alive):
                 continue
             taken = self._taken.get(cid)
             if taken is not None and now - taken < TAKEN_FOR:
@@ -959,6 +971,7 @@ class Replication:
             copy.will = None  # before it leaves: a takeover from this copy now finds no will
             self.store.put_meta(HEADER_META + cid, copy.header())
             self.broker.publish_will(cid, will, self.clock.wall())
+            self._wills_sent[cid] = owner
             self.stats.orphan_wills += 1
             log.info("session %s: its owner %s died and its client has not come back: its will sent here",
                      cid, owner)
@@ -979,8 +992,22 @@ class Replication:
         except (QueryFailed, OSError, trio.BrokenResourceError):
             pass  # an older member, or one gone: it may send the will again only after this node is gone too
 
+    async def _tell_owner_will_sent(self, owner: str, cid: str) -> None:
+        try:
+            await self.queries.ask(owner, "repl_nowill", {"c": cid, "o": owner}, timeout=REPLICA_TIMEOUT)
+        except (QueryFailed, OSError, trio.BrokenResourceError):
+            return  # an older owner, or gone again: asked again when it is back
+        if self._wills_sent.get(cid) == owner:
+            del self._wills_sent[cid]
+
     async def _answer_nowill(self, peer: str, args: Mapping[str, Any]) -> object:
+        """The will of a session another member sent: its copy here, or (the owner back
+        from the dead) the will this node restored, does not go."""
         cid, owner = str(args["c"]), str(args["o"])
+        if owner == self.node_id:
+            if self.broker.cancel_will(cid):
+                log.info("session %s: its will was sent by %s while this node was down; not sent again", cid, peer)
+            return {}
         copy = self.copies_held.get(cid)
         if copy is not None and copy.owner == owner and copy.will is not None:
             copy.will = None

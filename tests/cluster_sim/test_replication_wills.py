@@ -154,3 +154,36 @@ def test_with_two_replicas_the_first_in_rendezvous_order_sends_the_will_and_no_o
         assert watcher.payloads("wills/twice") == [b"once"]
 
     sim(scenario, nodes=4, session_replicas=3)
+
+
+def test_the_old_owner_back_from_the_dead_does_not_send_the_will_again() -> None:
+    """Two wills with a 2 s delay: one the replica sent (its client never came back),
+    one the reconnect to the node that took the session over cancelled.  The old
+    owner restarts with both in its store and sends neither."""
+
+    async def scenario(c: SimCluster) -> None:
+        watcher = await c.connect("n1", "watcher")
+        await watcher.subscribe("wills/#", 1)
+        await wait_route(c, "wills/#", {"n1"})
+        away = await c.connect("n0", "away", clean_start=False, session_expiry=EXPIRY,
+                               will=will("wills/away", b"away", delay=2))
+        moved = await c.connect("n0", "moved", clean_start=False, session_expiry=EXPIRY,
+                                will=will("wills/moved", b"moved", delay=2))
+        await known_everywhere(c, "away")
+        await known_everywhere(c, "moved")
+        await c.wait_for(lambda: all((copy := held(c, cid)) is not None and copy.will is not None
+                                     for cid in ("away", "moved")), 10, "the wills on the replicas")
+        assert away.connected and moved.connected
+        await c.crash("n0")
+        await wait_dead(c, "n0")
+        await moved.reconnect("n2", session_expiry=EXPIRY)
+        assert moved.session_present
+        await c.wait_for(lambda: watcher.payloads("wills/away") == [b"away"], 10, "away's will")
+        await c.restart("n0")
+        await c.wait_converged(timeout=60)
+        await c.run_for(30.0)
+        assert watcher.payloads("wills/away") == [b"away"]
+        assert watcher.payloads("wills/moved") == []
+        assert moved.connected
+
+    sim(scenario, session_replicas=2)
