@@ -11,7 +11,9 @@ message. Invariant: every pending entry whose key is below `horizon` is in the w
 except those whose write the store has not made durable yet (`_unwritten`); keys
 removed but not yet durably deleted (`_removed`) are hidden from what is read back.
 Both maps only live for the store's commit latency. When the window drops below half
-its size the driver reads the next `window` entries from the horizon on; when it grows
+its size the driver reads the next `window` entries from the horizon on (and again
+while that leaves it below half: a page can hold only cancelled or fired entries whose
+deletes are not written yet); when it grows
 past twice its size (many new entries due soon) its later half is dropped and the
 horizon moves down.
 """

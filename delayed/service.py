@@ -192,13 +192,12 @@ class DelayedMessages:
     # -- the driver's steps ----------------------------------------------------------------
 
     def load(self) -> None:
-        """Read the next window of the index if the schedule asks for it."""
+        """Read the next windows of the index while the schedule asks for them: a page
+        can add nothing (its rows all cancelled or fired, their deletes not written
+        yet), and an empty window would look like nothing pending."""
         schedule = self.schedule
-        start = schedule.wants_load()
-        if start is None:
-            return
-        durable = self.store.durable_epoch
-        schedule.loaded(self._read(start, schedule.window), durable)
+        while (start := schedule.wants_load()) is not None:
+            schedule.loaded(self._read(start, schedule.window), self.store.durable_epoch)
 
     def take_due(self, now: float, limit: int) -> list[DelayedEntry]:
         """Due entries (oldest first), out of the schedule; `delete` records them gone

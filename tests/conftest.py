@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support import RunningNode, node_settings
+from tests.support import LAUNCHED, RunningNode, node_settings
 
 
 @pytest.fixture
@@ -45,3 +45,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = group or _SERIAL_MODULES.get(item.module.__name__.rsplit(".", 1)[-1] if item.module else "")
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def no_meshd_process_crashed() -> Iterator[None]:
+    """After each test: a `meshd` child process (tests.support.MeshdProcess) that ended
+    by itself with a traceback fails the test with that traceback, even when what the
+    test asserted still held (a node that died was only seen as "no message came").
+    Processes ended by the test (SIGKILL, SIGTERM) do not count."""
+    yield
+    crashes = []
+    for proc in list(LAUNCHED):
+        if proc.proc is None or proc.proc.poll() is None:
+            continue  # still running (a module's cluster): looked at after a later test
+        LAUNCHED.remove(proc)
+        run = proc.crash()
+        if run is not None:
+            crashes.append(f"meshd {proc.node_id or proc.data_dir} exited with code {proc.proc.returncode}:\n{run[-4000:]}")
+    if crashes:
+        pytest.fail("\n\n".join(crashes), pytrace=False)

@@ -297,6 +297,12 @@ def wait_ready(proc: subprocess.Popen, ready_file: str, output: Any, timeout: fl
         time.sleep(0.02)  # polling the file: the condition, not a guess at start-up time
 
 
+# Every `meshd` child process started in this test process, for the check after each
+# test (tests/conftest.py) that none ended by itself with a traceback.
+LAUNCHED: list["MeshdProcess"] = []
+TRACEBACK = "Traceback (most recent call last)"
+
+
 class MeshdProcess:
     """`meshd` as a real child process on 127.0.0.1 (MQTT only unless told otherwise).
 
@@ -319,6 +325,7 @@ class MeshdProcess:
         self.log_file = base + ".log"
         self.proc: subprocess.Popen | None = None
         self.ready: dict[str, Any] = {}
+        self._log_offset = 0  # where this run's output starts in the log file
 
     @property
     def http_addr(self) -> str:
@@ -342,6 +349,8 @@ class MeshdProcess:
             os.remove(self.ready_file)
         os.makedirs(os.path.dirname(self.log_file) or ".", exist_ok=True)
         with open(self.log_file, "a", encoding="utf-8") as log:
+            self._log_offset = log.tell()
+            LAUNCHED.append(self)
             self.proc = subprocess.Popen(
                 meshd_command() + ident + [
                     "--data-dir", self.data_dir, "--mqtt", f"127.0.0.1:{self.port}", "--ws", "off",
@@ -381,6 +390,17 @@ class MeshdProcess:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+    def crash(self) -> str | None:
+        """This run's output if the process ended by itself with a traceback (a bug in
+        the node: an exception no one caught ends it), else None. A run still going, or
+        ended by a signal (the test's kill, stop or SIGKILL), is no crash."""
+        if self.proc is None or self.proc.poll() is None or self.proc.returncode < 0:
+            return None
+        with open(self.log_file, encoding="utf-8", errors="replace") as f:
+            f.seek(self._log_offset)
+            run = f.read()
+        return run if TRACEBACK in run else None
 
     def __enter__(self) -> "MeshdProcess":
         return self.start()
