@@ -18,7 +18,6 @@ Glue between the broker, the route table (`routing.table`), gossip and the mesh 
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import random
 from typing import Awaitable, Callable, Mapping, Protocol
@@ -35,6 +34,7 @@ from routing.forward import ForwardTarget
 from routing.batch import OutgoingMessage, Unpacked, unpack, unpack_fwd
 from routing.contact import Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
+from routing.heap import HeapFreeze
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
 from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
@@ -66,6 +66,7 @@ PULL_PATIENCE = 10.0
 # one go held a node for ~0.8 s, and at 10 nodes members were declared dead in turn).
 ROUTE_SLICE = 2_000
 HELD_EXPIRY_INTERVAL = 5.0
+HEAP_CHECK_INTERVAL = 5.0  # how often a frozen heap is looked at for a thaw (routing.heap)
 RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
 HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
@@ -153,7 +154,7 @@ class Cluster:
         self.malformed_items = 0
         self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
         self._link_serial = 0
-        self._gc_frozen = False  # gc.freeze() while a big route sync is applied
+        self.heap = HeapFreeze()  # the heap out of the collector's full passes while the table grows
         self._pulls_out: dict[str, float] = {}  # peer -> when a routes pull to it went unanswered so far
         self._settling = False  # a `_settle_routes` task runs: pulled snapshots wait in the table for it
         self._pull_more: set[str] = set()  # peers that have more to send once what they sent is applied
@@ -197,6 +198,7 @@ class Cluster:
             nursery.start_soon(self.handoffs.run)
             nursery.start_soon(self._expire_held)
             nursery.start_soon(self._watch_contact)
+            nursery.start_soon(self._thaw_heap)
             task_status.started()
             await trio.sleep_forever()
 
@@ -206,13 +208,34 @@ class Cluster:
         while True:
             await self.port.wait_for_route_changes()
             await trio.sleep(ROUTE_FLUSH_DELAY)
-            self.flush_routes_now()
+            # `ROUTE_SLICE` changes per tick: a node that takes 100,000 subscriptions
+            # made one delta of them all, seconds of one step (chunks, broadcasts).
+            while self._flush_routes(ROUTE_SLICE):
+                await trio.sleep(0)
 
     def flush_routes_now(self) -> None:
         """Turn the local route changes queued in the port into a delta and spread it."""
-        delta = self.table.local_changes(self.port.take_route_changes())
+        self._flush_routes(None)
+
+    def _flush_routes(self, limit: int | None) -> bool:
+        """`flush_routes_now` for the oldest `limit` changes (all: None); True if some
+        are left queued."""
+        delta = self.table.local_changes(self.port.take_route_changes(limit))
         if delta is not None:
             self._disseminate(delta)
+            self._table_grew()
+        return self.port.has_route_changes()
+
+    def _table_grew(self) -> None:
+        """After route work: the heap leaves the collector's full passes while the
+        table grows (`routing.heap`)."""
+        table = self.table  # trie entries: what the objects grow with (a pulled state swaps in before its trie)
+        self.heap.size(len(table.trie) + len(table.shared_trie) + len(table.local_filters()), self.clock.now())
+
+    async def _thaw_heap(self) -> None:
+        while True:
+            await trio.sleep(HEAP_CHECK_INTERVAL)
+            self.heap.tick(self.clock.now())
 
     def forward_mark(self) -> int:
         return self.forwarded_upto
@@ -262,6 +285,8 @@ class Cluster:
         if self._gone(delta.origin):
             return
         changes = self.table.apply_delta(delta)
+        if changes:
+            self._table_grew()
         ts = self._now_us()
         for topic_filter, node, present in changes:
             self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,
@@ -517,14 +542,7 @@ class Cluster:
             while True:
                 await trio.sleep(0)
                 more = self.table.settle(ROUTE_SLICE)
-                # What the table holds now stays out of the cyclic collector's full
-                # passes (it is freed by reference counts as before): at a million
-                # routes each full pass walked every trie node, and a table growing by
-                # a quarter triggers one, 0.2-0.8 s each while a table was pulled
-                # (scripts/bench/route_scale.py; it does the same, and the pull took
-                # half the CPU). Only while the sync lasts (`_routes_settled`).
-                gc.freeze()
-                self._gc_frozen = True
+                self._table_grew()
                 if not more:
                     break
         finally:
@@ -534,14 +552,6 @@ class Cluster:
     def _routes_settled(self) -> None:
         """What was pulled is applied: ask the peers that said they have more."""
         more, self._pull_more = self._pull_more, set()
-        if not more and self._gc_frozen:
-            # A frozen object is never collected, nor is any cycle that holds one: the
-            # connections, sessions and tasks alive during the sync would leak what they
-            # leave in cycles when they end, and a broker that runs for months syncs at
-            # every heal. Back in the oldest generation, the table costs one full pass
-            # later, not one per quarter of growth during the sync.
-            gc.unfreeze()
-            self._gc_frozen = False
         for peer in sorted(more):
             self._pull_routes(peer)
 

@@ -141,10 +141,18 @@ class MeshPort:
                 filters.discard(topic_filter)
         return filters
 
-    def take_route_changes(self) -> list[tuple[str, bool]]:
-        """The changes queued so far, oldest first; the queue starts over empty."""
+    def take_route_changes(self, limit: int | None = None) -> list[tuple[str, bool]]:
+        """The changes queued so far (the oldest `limit` of them, when given), oldest
+        first; the rest stay queued."""
+        if limit is not None and len(self._route_changes) > limit:
+            changes = self._route_changes[:limit]
+            del self._route_changes[:limit]
+            return changes
         changes, self._route_changes = self._route_changes, []
         return changes
+
+    def has_route_changes(self) -> bool:
+        return bool(self._route_changes)
 
     # ------------------------------------------------------------ connects
 
