@@ -128,7 +128,7 @@ class MeshRequests(Protocol):
 
     def own_route_snapshot(self) -> list[object]: ...
 
-    def take_route_snapshot(self, wire: object) -> None: ...
+    def take_route_snapshot(self, wire: object, sender: str | None = None) -> None: ...
 
 
 class HeldSource(Protocol):
@@ -707,7 +707,7 @@ class Handoffs:
         kind = frame["t"]
         cid = frame.get("c")
         if kind == "ho_fence":
-            return self._answer_fence(frame)
+            return self._answer_fence(peer, frame)
         if kind == "ho_flush":
             return self._answer_flush(peer)
         if not isinstance(cid, str):
@@ -734,7 +734,7 @@ class Handoffs:
             return "ho_state", {"ok": True, "q": q, "cur": cur, "more": more}
         if kind == "ho_commit":
             if "snap" in frame:
-                self.cluster.take_route_snapshot(frame["snap"])
+                self.cluster.take_route_snapshot(frame["snap"], peer)
             giving.fenced = marks_from_wire(frame.get("fenced"))
             if giving.commit_seq is None:
                 giving.commit_seq = session.next_seq - 1
@@ -985,7 +985,7 @@ class Handoffs:
         await self.cluster.drain_link(peer, FENCE_TIMEOUT)
         return "ho_flushed", {"ok": True}
 
-    async def _answer_fence(self, frame: Frame) -> tuple[str, Fields]:
+    async def _answer_fence(self, peer: str, frame: Frame) -> tuple[str, Fields]:
         cid = frame.get("c")
         if isinstance(cid, str):
             # Asked as a session's giver (`_ask_giver`): only whether its copy is here.
@@ -997,7 +997,7 @@ class Handoffs:
         owner = frame["o"]
         if not isinstance(owner, str):
             raise ValueError("bad fence")
-        self.cluster.take_route_snapshot(frame["snap"])
+        self.cluster.take_route_snapshot(frame["snap"], peer)
         # What this node forwards from now on goes to the taker too: the last message
         # id forwarded before is the mark.
         mark = self.cluster.forward_mark()

@@ -294,3 +294,11 @@ def test_a_connect_back_on_a_giver_whose_handoff_committed_does_not_release_its_
     # answered n2's takeover with the release as a newer claim, and n2 closed the
     # CONNECT with 0x8E (no SUBACK).  The stale copy now goes before the claim.
     assert simulate_seed(3, 6, 15, 20068) == "seed=20068 ok"
+
+
+def test_a_giver_that_holds_its_taker_dead_takes_the_routes_it_hands_over() -> None:
+    # Seed 148 of 5 nodes, 20 clients, 60 s: n2 took s1 from n4 18 ms after a heal that
+    # n4 had not seen yet (it held n2 dead): n4 ignored the routes n2 sent with the
+    # commit, and p7/5/5 (QoS 2), which n4 published just after, was neither forwarded
+    # to n2 nor held for it: lost.  Routes a member hands over itself are taken now.
+    assert simulate_seed(5, 20, 60, 148) == "seed=148 ok"
