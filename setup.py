@@ -24,7 +24,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # What profiles show hot per message (scripts/bench/PROFILE.md): the codec, the server
-# connection machine, the topic trie and the route table. All strictly typed (setup.cfg).
+# connection machine, the topic trie and the route table; a forward's share and its link
+# item and frame (scripts/bench/RESULTS.md, "cross-node forward path"). All strictly
+# typed (setup.cfg).
 COMPILED = [
     "mqtt/_wire.py",
     "mqtt/decoder.py",
@@ -37,6 +39,8 @@ COMPILED = [
     "mqtt/topics.py",
     "routing/trie.py",
     "routing/table.py",
+    "routing/forward.py",
+    "routing/batch.py",
 ]
 # The shared library of the compiled group (mypyc appends "__mypyc").
 GROUP = "native.cores"

@@ -30,7 +30,7 @@ from mesh.client_port import ClientPort
 from mqtt import EMPTY_PROPERTIES, Connect, Properties, ReasonCode, Subscription, Will
 from mqtt.topics import parse_shared_subscription
 from oplog import Event, log_event
-from routing.forward import ForwardTarget
+from routing.forward import GROUPS_ONLY, PLAIN_ONLY, RETAINED_ONLY, ForwardTarget
 from routing.links import AckGate
 from routing.retained import RetainedIndex
 from routing.trie import TopicTrie
@@ -580,19 +580,17 @@ class Broker:
         mesh = self.mesh
         if mesh is None or internal or here or mesh.stays_here(msg.retain):
             return self._route(msg, now, plain=True, only_groups=None, remote=None)
-        remote = {node: ForwardTarget(True, [], False) for node in mesh.plain_nodes(msg.topic)}
+        # One shared share for every plain-only node (no object per node per message).
+        remote = dict.fromkeys(mesh.plain_nodes(msg.topic), PLAIN_ONLY)
         if msg.retain:
             # Retained messages are replicated: every node keeps the latest one.
             for node in mesh.retained_targets():
                 target = remote.get(node)
-                if target is None:
-                    remote[node] = ForwardTarget(False, [], True)
-                else:
-                    target.keep_retained = True
+                remote[node] = RETAINED_ONLY if target is None else target.keeping_retained()
         matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
         if replay:
-            for target in remote.values():
-                target.replay = True
+            for node, target in remote.items():
+                remote[node] = target.replayed()
         held = mesh.forward(msg, remote, gate)  # a subscriber on an unreachable member still matched
         return matched + len(remote) + held
 
@@ -706,10 +704,7 @@ class Broker:
             if choice == self.node_id:
                 mine.append(key)
             else:
-                target = remote.get(choice)
-                if target is None:
-                    target = remote[choice] = ForwardTarget(False, [], False)
-                target.groups.append(key)
+                remote[choice] = remote.get(choice, GROUPS_ONLY).with_group(key)
         return mine
 
     @staticmethod

@@ -27,6 +27,7 @@ from typing import Sequence
 
 from gossip import wire
 from mqtt import EMPTY_PROPERTIES
+from routing.forward import PLAIN_ONLY, ForwardTarget
 from routing.wire import ALSO_SENT_TO, ForwardedItem, forwarded_to_wire
 from session_store import records
 from session_store.model import Message
@@ -44,27 +45,6 @@ PLAIN = 1
 KEEP_RETAINED = 2
 REPLAY = 4
 
-class OutgoingMessage:
-    """One message forwarded to one or more peers, shared by their link items (the
-    `fwd` frame's message map is built at most once however many links it goes to)."""
-
-    __slots__ = ("message", "also", "_map")
-
-    def __init__(self, message: Message, also: Sequence[str] = ()) -> None:
-        self.message = message
-        self.also = tuple(also)  # the nodes it went to for plain subscribers (when more than one)
-        self._map: dict[str, object] | None = None
-
-    def as_map(self) -> dict[str, object]:
-        """The message map of a `fwd` item (`also` under its optional key)."""
-        m = self._map
-        if m is None:
-            m = self._map = records.message_map(self.message)
-            if self.also:
-                m[ALSO_SENT_TO] = list(self.also)
-        return m
-
-
 class AckGate:
     """Counts the remote nodes a publisher's PUBACK/PUBREC still waits for (each one
     acknowledges a forwarded message, or is given up on as down)."""
@@ -77,19 +57,17 @@ class AckGate:
 
 class LinkItem:
     """One forwarded message's share for one peer, queued on that peer's link until
-    the peer acknowledges the batch that carried it."""
+    the peer acknowledges the batch that carried it.  The only object a forward makes
+    per message and link: the share is the broker's (`ForwardTarget`, most often the
+    one shared `PLAIN_ONLY`), and the frame's array for it is built at the flush."""
 
-    __slots__ = ("out", "plain", "groups", "keep_retained", "replay", "qos", "gate", "held_seq", "sent")
+    __slots__ = ("message", "share", "also", "gate", "held_seq", "sent")
 
-    def __init__(self, out: OutgoingMessage, plain: bool, groups: Sequence[tuple[str, str]] = (),
-                 keep_retained: bool = False, replay: bool = False, gate: AckGate | None = None,
-                 held_seq: int = 0) -> None:
-        self.out = out
-        self.plain = plain  # deliver to the receiver's plain subscribers
-        self.groups = groups  # (group, filter): shared groups the receiver serves for it
-        self.keep_retained = keep_retained
-        self.replay = replay  # maybe taken once already: the receiver drops a copy it took
-        self.qos = out.message.qos
+    def __init__(self, message: Message, share: ForwardTarget = PLAIN_ONLY, also: tuple[str, ...] = (),
+                 gate: AckGate | None = None, held_seq: int = 0) -> None:
+        self.message = message
+        self.share = share  # plain, groups, keep retained, replay: what the peer is to do with it
+        self.also = also  # the nodes it went to for plain subscribers (when more than one)
         self.gate = gate  # what the publisher's acknowledgement waits on (QoS >= 1)
         self.held_seq = held_seq  # a replayed held message: its record goes once acknowledged
         # Sent once in a batch that was never acknowledged: the peer may have taken it,
@@ -97,22 +75,32 @@ class LinkItem:
         self.sent = False
 
     @property
-    def message(self) -> Message:
-        return self.out.message
+    def qos(self) -> int:
+        return self.message.qos
+
+    @property
+    def plain(self) -> bool:
+        """Deliver to the receiver's plain subscribers."""
+        return self.share.plain
 
     def fwd_item(self) -> list[object]:
         """This item in a `fwd` frame."""
-        return forwarded_to_wire(self.out.as_map(), self.plain, self.groups, self.keep_retained, self.replay)
+        share = self.share
+        m = records.message_map(self.message)
+        if self.also:
+            m[ALSO_SENT_TO] = list(self.also)
+        return forwarded_to_wire(m, share.plain, share.groups, share.keep_retained, share.replay)
 
     def fwdb_item(self) -> tuple[object, ...]:
         """This item in a `fwdb` frame (a tuple encodes as the same CBOR array as a list)."""
-        msg = self.out.message
+        msg = self.message
         props = msg.properties
-        also = self.out.also
-        groups = self.groups
+        also = self.also
+        share = self.share
+        groups = share.groups
         return (msg.topic, msg.payload, msg.qos, msg.retain, msg.expires_at, msg.publisher, msg.msg_id, msg.origin,
                 None if props is EMPTY_PROPERTIES else records.properties_to_map(props), list(also) if also else None,
-                (PLAIN if self.plain else 0) | (KEEP_RETAINED if self.keep_retained else 0) | (REPLAY if self.replay else 0),
+                (PLAIN if share.plain else 0) | (KEEP_RETAINED if share.keep_retained else 0) | (REPLAY if share.replay else 0),
                 [list(g) for g in groups] if groups else None)
 
 

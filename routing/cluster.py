@@ -30,14 +30,15 @@ from gossip.events import MemberState
 from gossip.trace import Tracer
 from gossip.wire import Envelope
 from oplog import Event, log_event
-from routing.forward import ForwardTarget
-from routing.batch import OutgoingMessage, Unpacked, unpack, unpack_fwd
+from routing.forward import PLAIN_REPLAY, ForwardTarget
+from routing.batch import Unpacked, unpack, unpack_fwd
 from routing.contact import Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
 from routing.heap import HeapFreeze
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
 from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
 from routing.port import MeshPort
+from routing.recent import RecentKeys
 from routing.retained import RetainedIndex
 from routing.table import RouteDelta, RouteSnapshot, digest_from_wire, digest_to_wire
 from routing.wire import PeerDigest, RouteBroadcast
@@ -67,7 +68,7 @@ PULL_PATIENCE = 10.0
 ROUTE_SLICE = 2_000
 HELD_EXPIRY_INTERVAL = 5.0
 HEAP_CHECK_INTERVAL = 5.0  # how often a frozen heap is looked at for a thaw (routing.heap)
-RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer, to drop replayed copies
+RECENT_PER_PEER = 20_000  # forwarded message identities remembered per peer (at least), to drop replayed copies
 HELD_ROUTES = "held/"  # meta keys: held/<member> -> [filters, since]
 HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
 CLAIMS_SETTLE = 20.0  # after every member is heard again: ownership claims have spread (routing.contact)
@@ -150,7 +151,7 @@ class Cluster:
         self.forwarded_in = 0
         self.replay_duplicates = 0
         # Per peer, identities of the QoS >= 1 messages it forwarded lately (oldest first).
-        self._recent: dict[str, dict[tuple[str | None, int], None]] = {}
+        self._recent: dict[str, RecentKeys[tuple[str | None, int]]] = {}
         self.malformed_items = 0
         self.routes_of_gone_ignored = 0  # route states of members we hold dead or left, not taken
         self._link_serial = 0
@@ -382,7 +383,7 @@ class Cluster:
         now = self.clock.wall()
         for item in items:
             if item.qos and item.plain:
-                self._hold(member, item.out.message, now, item.held_seq or None, item.out.also, item.sent)
+                self._hold(member, item.message, now, item.held_seq or None, item.also, item.sent)
         return items
 
     def _routes_back(self, member: str) -> bool:
@@ -413,7 +414,7 @@ class Cluster:
         link = self._link(member)
         for seq, msg, also in held:
             # Ahead of anything new for it: the replay keeps each publisher's order.
-            item = LinkItem(OutgoingMessage(msg, also), plain=True, replay=True, held_seq=seq)
+            item = LinkItem(msg, PLAIN_REPLAY, also, held_seq=seq)
             if (member, seq) in self._held_sent:
                 # It went in a batch the member never acknowledged: if the member
                 # restarted meanwhile, it may have delivered it and forgotten (simulator
@@ -650,12 +651,12 @@ class Cluster:
             # Each receiver learns who else got it: an old owner of a session that
             # moved to one of them need not relay it there (`Handoffs.relay_moved`).
             sent_to = sorted(node for node, target in targets.items() if target.plain)
-        out = OutgoingMessage(msg, sent_to if len(sent_to) > 1 else ())  # encoded once, for every link it goes to
+        also = tuple(sent_to) if len(sent_to) > 1 else ()
         if not msg.qos:
             gate = None
         links = self.links
         for node, target in targets.items():
-            item = LinkItem(out, target.plain, target.groups, target.keep_retained, target.replay, gate)
+            item = LinkItem(msg, target, also, gate)
             if gate is not None:
                 gate.waiting += 1
             if faults.DROP_FORWARD and msg.qos:
@@ -738,7 +739,7 @@ class Cluster:
         now = self.clock.wall()
         recent = self._recent.get(peer)
         if recent is None:
-            recent = self._recent[peer] = {}
+            recent = self._recent[peer] = RecentKeys(RECENT_PER_PEER)
         read: Callable[[object], Unpacked] = unpack if packed else unpack_fwd
         handoffs = self.handoffs
         publish_remote = self.broker.publish_remote
@@ -758,9 +759,7 @@ class Cluster:
                     self.replay_duplicates += 1
                     self.forwarded_in -= 1
                     continue
-                recent[key] = None
-                if len(recent) > RECENT_PER_PEER:
-                    del recent[next(iter(recent))]
+                recent.add(key)
                 # Sessions taken over here whose giver got this message too: theirs to deliver.
                 skip = handoffs.giver_had(msg, peer, also)
             else:

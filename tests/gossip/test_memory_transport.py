@@ -396,7 +396,7 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
     behind a one-way cut and flow at the heal, and survive a reset (resent, not
     delivered twice)."""
     from mqtt import EMPTY_PROPERTIES
-    from routing.batch import OutgoingMessage, unpack, unpack_fwd
+    from routing.batch import unpack, unpack_fwd
     from routing.links import InboundLinks, LinkItem, OutboundLink
     from session_store.model import Message
 
@@ -432,7 +432,7 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         def send(numbers: range) -> None:
             for n in numbers:
                 msg = Message("t", str(n).encode(), 1, False, EMPTY_PROPERTIES, msg_id=n + 1, origin="n2")
-                assert link.enqueue(LinkItem(OutgoingMessage(msg), plain=True))
+                assert link.enqueue(LinkItem(msg))
 
         send(range(10))
         await until(lambda: len(acked) == 10, 5)

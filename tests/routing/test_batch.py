@@ -8,7 +8,8 @@ import pytest
 
 from gossip import wire
 from mqtt import EMPTY_PROPERTIES, Properties
-from routing.batch import FWDB, RESENT, LinkItem, OutgoingMessage, fwdb_body, unpack, unpack_fwd
+from routing.batch import FWDB, RESENT, LinkItem, fwdb_body, unpack, unpack_fwd
+from routing.forward import ForwardTarget
 from routing.wire import ForwardedItem
 from session_store import records
 from session_store.model import Message
@@ -20,9 +21,8 @@ RICH = Message("s/2", b"\x00" * 300, 2, True, PROPS, 1_700_000_000.5, None, 7, N
 
 def test_a_frame_of_items_reads_back_as_the_messages_and_their_targets() -> None:
     items = [
-        LinkItem(OutgoingMessage(MSG), plain=True),
-        LinkItem(OutgoingMessage(RICH, ("B", "C")), plain=False, groups=[("g", "s/#"), ("h", "+/2")],
-                 keep_retained=True, replay=True),
+        LinkItem(MSG),
+        LinkItem(RICH, ForwardTarget(False, (("g", "s/#"), ("h", "+/2")), True, True), ("B", "C")),
     ]
     frame = wire.decode_frame_body(fwdb_body("A", "3.1", 9, items))
     assert (frame["t"], frame["from"], frame["e"], frame["s"]) == (FWDB, "A", "3.1", 9)
@@ -36,31 +36,29 @@ def test_a_frame_of_items_reads_back_as_the_messages_and_their_targets() -> None
 def test_a_batch_sent_again_carries_the_resend_mark_and_a_first_send_none() -> None:
     # Optional: a receiver that restarted takes a resent batch as new, and must know
     # its messages may have reached their subscribers already.
-    items = [LinkItem(OutgoingMessage(MSG), plain=True)]
+    items = [LinkItem(MSG)]
     assert RESENT not in wire.decode_frame_body(fwdb_body("A", "3.1", 9, items))
     assert wire.decode_frame_body(fwdb_body("A", "3.1", 9, items, resent=True))[RESENT] is True
 
 
 @pytest.mark.parametrize("n", [0, 1, 23, 24, 255, 256])
 def test_frames_of_every_size_decode(n: int) -> None:
-    items = [LinkItem(OutgoingMessage(Message("t", str(i).encode(), 0, False, EMPTY_PROPERTIES)), plain=True)
-             for i in range(n)]
+    items = [LinkItem(Message("t", str(i).encode(), 0, False, EMPTY_PROPERTIES)) for i in range(n)]
     frame = wire.decode_frame_body(fwdb_body("A", "1.1", 1, items))
     assert [int(unpack(i)[0].payload) for i in frame["m"]] == list(range(n))
 
 
 def test_the_same_item_in_the_older_frame_is_what_earlier_versions_read() -> None:
-    out = OutgoingMessage(MSG, ("B", "C"))
-    data = cbor2.loads(cbor2.dumps(LinkItem(out, plain=True).fwd_item()))
+    data = cbor2.loads(cbor2.dumps(LinkItem(MSG, also=("B", "C")).fwd_item()))
     item = ForwardedItem.from_wire(data)
     assert records.message_map(item.message) == records.message_map(MSG) and item.also == ("B", "C")
     assert unpack_fwd(data)[1:] == (True, [], False, False, ("B", "C"))
 
 
-def test_a_message_to_several_links_builds_its_older_map_once() -> None:
-    out = OutgoingMessage(MSG)
-    a, b = LinkItem(out, plain=True), LinkItem(out, plain=False, groups=[("g", "s/#")])
-    assert a.fwd_item()[0] is b.fwd_item()[0]
+def test_each_share_of_a_message_reads_back_in_the_older_frame() -> None:
+    a, b = LinkItem(MSG), LinkItem(MSG, ForwardTarget(False, (("g", "s/#"),), False))
+    assert unpack_fwd(cbor2.loads(cbor2.dumps(a.fwd_item())))[1:] == (True, [], False, False, ())
+    assert unpack_fwd(cbor2.loads(cbor2.dumps(b.fwd_item())))[1:] == (False, [("g", "s/#")], False, False, ())
 
 
 @pytest.mark.parametrize("bad", [

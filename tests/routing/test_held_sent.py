@@ -8,7 +8,7 @@ from clock import ManualClock
 from gossip.trace import NullTraceWriter
 from mesh.broker import Broker
 from mqtt import EMPTY_PROPERTIES
-from routing.batch import LinkItem, OutgoingMessage
+from routing.batch import LinkItem
 from routing.cluster import Cluster
 from routing.port import MeshPort
 from routing.table import RouteTable
@@ -37,8 +37,7 @@ def commit(store: MemoryStore) -> None:
 
 
 def held_item(i: int, *, sent: bool) -> LinkItem:
-    item = LinkItem(OutgoingMessage(Message("split/x", b"m", 1, False, EMPTY_PROPERTIES, None, "p", i, "A"), ("B",)),
-                    plain=True)
+    item = LinkItem(Message("split/x", b"m", 1, False, EMPTY_PROPERTIES, None, "p", i, "A"), also=("B",))
     item.sent = sent
     return item
 

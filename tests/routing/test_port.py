@@ -92,7 +92,7 @@ def test_a_publish_is_forwarded_through_the_registered_handler() -> None:
     assert broker.publish(msg, 0.0, gate=gate) == 2  # no session here; two nodes
     ((topic, targets, given),) = forwards
     assert topic == "a/1" and given is gate
-    assert targets == {"B": ForwardTarget(True, [], True), "C": ForwardTarget(False, [], True)}
+    assert targets == {"B": ForwardTarget(True, (), True), "C": ForwardTarget(False, (), True)}
 
 
 def test_held_routes_are_stamped_by_the_clusters_clock() -> None:
