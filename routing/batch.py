@@ -104,6 +104,23 @@ class LinkItem:
                 [list(g) for g in groups] if groups else None)
 
 
+def open_gates(items: Sequence[LinkItem]) -> bool:
+    """Items acknowledged by their peer, or given up: each one's gate waits for one node
+    less.  Whether any item had a gate (compiled: a loop per acknowledged batch)."""
+    released = False
+    for item in items:
+        gate = item.gate
+        if gate is not None:
+            gate.waiting -= 1
+            released = True
+    return released
+
+
+def held_seqs(items: Sequence[LinkItem]) -> list[int]:
+    """The held-message numbers of the replayed items among `items`."""
+    return [item.held_seq for item in items if item.held_seq]
+
+
 def fwdb_body(sender: str, epoch: str, seq: int, items: Sequence[LinkItem], resent: bool = False) -> bytes:
     """The envelope of a `fwdb` frame carrying `items` (before sealing), in one encode;
     `resent` adds the optional resend mark (see `RESENT`)."""

@@ -31,7 +31,7 @@ from gossip.trace import Tracer
 from gossip.wire import Envelope
 from oplog import Event, log_event
 from routing.forward import PLAIN_REPLAY, ForwardTarget
-from routing.batch import Unpacked, unpack, unpack_fwd
+from routing.batch import Unpacked, held_seqs, open_gates, unpack, unpack_fwd
 from routing.contact import Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
 from routing.heap import HeapFreeze
@@ -718,19 +718,13 @@ class Cluster:
     def _acked(self, peer: str, items: list[LinkItem]) -> None:
         """A peer acknowledged a batch: replayed held messages in it are done."""
         store = self.store
-        for item in items:
-            if item.held_seq:
-                store.delete_meta(f"{HELD_MSG}{peer}/{item.held_seq:020d}")
+        for seq in held_seqs(items):
+            store.delete_meta(f"{HELD_MSG}{peer}/{seq:020d}")
         self._release(items)
 
     def _release(self, items: list[LinkItem]) -> None:
         """Items acknowledged by their peer, or given up: their gates open."""
-        released = False
-        for item in items:
-            if item.gate is not None:
-                item.gate.waiting -= 1
-                released = True
-        if released:
+        if open_gates(items):
             self.broker.on_durable()
 
     # ------------------------------------------------------------- receiving

@@ -114,7 +114,13 @@ class OutboundLink:
         self.epoch = epoch
         self.cluster_name = cluster_name
         self.on_acked = on_acked
-        self.queue: deque[LinkItem | _Marker] = deque()
+        # What waits to be sent, in order; a handoff fence's marker goes out once the
+        # items queued before it have (`_markers`: (items queued before it, marker)).
+        # A list, not a deque: a batch of the whole queue is taken in one swap.
+        self.queue: list[LinkItem] = []
+        self._markers: deque[tuple[int, _Marker]] = deque()
+        self._queued_total = 0  # items ever queued (the markers' positions count these)
+        self._taken_total = 0  # items ever taken off the queue into a batch (or failed)
         self.unacked: dict[int, list[LinkItem]] = {}
         self.sent_queued = 0  # queued items that were sent before (`LinkItem.sent`)
         self._seq = itertools.count(1)
@@ -136,6 +142,7 @@ class OutboundLink:
             return False
         queue = self.queue
         queue.append(item)
+        self._queued_total += 1
         if item.sent:
             self.sent_queued += 1
         if len(queue) == 1:
@@ -153,7 +160,7 @@ class OutboundLink:
         """Until the peer has taken everything queued so far (delivered it to its
         sessions; not necessarily synced): a marker rides the queue behind it."""
         answered = trio.Event()
-        self.queue.append(_Marker(lambda frame: answered.set()))
+        self._markers.append((self._queued_total, _Marker(lambda frame: answered.set())))
         self._wake.set()
         # Someone waits on this link (a handoff fence): a link in its reconnect backoff
         # tries again at once, so what it holds unacknowledged (resent first on the new
@@ -172,8 +179,7 @@ class OutboundLink:
 
     def pending(self) -> list[LinkItem]:
         """Everything not acknowledged yet, in the order it was queued."""
-        return [i for seq in sorted(self.unacked) for i in self.unacked[seq]] + \
-            [i for i in self.queue if isinstance(i, LinkItem)]
+        return [i for seq in sorted(self.unacked) for i in self.unacked[seq]] + self.queue
 
     def fail_all(self) -> list[LinkItem]:
         """The peer is down: hand back everything not acknowledged (what went in a
@@ -185,6 +191,8 @@ class OutboundLink:
         items = self.pending()
         self.unacked.clear()
         self.queue.clear()
+        self._markers.clear()
+        self._taken_total = self._queued_total
         self.requests.clear()
         self._pending_replies.clear()
         return items
@@ -229,15 +237,12 @@ class OutboundLink:
                     msg_type, fields, on_reply = self.requests.popleft()
                     self._pending_replies.append(on_reply)
                     await link.send(msg_type, **fields)
-                while self.queue:
-                    batch: list[LinkItem] = []
+                while self.queue or self._markers:
+                    batch = self._take_batch()
                     marker = None
-                    while self.queue and len(batch) < MAX_BATCH:
-                        item = self.queue.popleft()
-                        if isinstance(item, _Marker):
-                            marker = item
-                            break
-                        batch.append(item)
+                    markers = self._markers
+                    if markers and markers[0][0] <= self._taken_total:
+                        marker = markers.popleft()[1]
                     if batch:
                         seq = next(self._seq)
                         self.unacked[seq] = batch
@@ -252,8 +257,24 @@ class OutboundLink:
                         self._pending_replies.append(marker.on_reply)
                         await link.send("ho_mark")
                 self._wake = trio.Event()
-                if not self.queue and not self.requests:
+                if not self.queue and not self._markers and not self.requests:
                     await self._wake.wait()
+
+    def _take_batch(self) -> list[LinkItem]:
+        """The next batch off the queue: at most MAX_BATCH items, none queued after the
+        first waiting marker; the whole queue in one swap when that is all of it."""
+        queue = self.queue
+        limit = MAX_BATCH
+        markers = self._markers
+        if markers:
+            limit = min(limit, markers[0][0] - self._taken_total)
+        if len(queue) <= limit:
+            batch, self.queue = queue, []
+        else:
+            batch = queue[:limit]
+            del queue[:limit]
+        self._taken_total += len(batch)
+        return batch
 
     async def _send_batch(self, link: FramedStream, seq: int, batch: list[LinkItem], resent: bool = False) -> None:
         if self.batched:

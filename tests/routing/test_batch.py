@@ -72,3 +72,15 @@ def test_each_share_of_a_message_reads_back_in_the_older_frame() -> None:
 def test_malformed_items_raise_value_errors(bad: object) -> None:
     with pytest.raises(ValueError):
         unpack(bad)
+
+
+def test_an_acknowledged_batch_opens_each_gate_once_and_names_its_held_messages() -> None:
+    from routing.batch import AckGate, held_seqs, open_gates
+    from routing.forward import PLAIN_REPLAY
+
+    gate = AckGate()
+    gate.waiting = 3
+    items = [LinkItem(MSG, gate=gate), LinkItem(MSG, gate=gate), LinkItem(RICH, PLAIN_REPLAY, held_seq=17), LinkItem(MSG)]
+    assert open_gates(items) and gate.waiting == 1
+    assert held_seqs(items) == [17]
+    assert not open_gates([LinkItem(MSG)])  # QoS 0 forwards: no gate, nothing to release
