@@ -3,6 +3,7 @@ password file and the ACL)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 
@@ -12,6 +13,16 @@ from mesh.compose import build_node
 from mesh.config import ConfigError, Settings
 
 log = logging.getLogger("meshd.node")
+
+# The cyclic collector's young-generation threshold in a node's process (CPython's
+# default: 700).  A forwarded message and its link item live until the peer
+# acknowledges the batch that carried them (a round trip on the mesh link), so at tens
+# of thousands of forwards a second nearly every young collection found a few thousand
+# of them alive and moved them on, and the older collections walked them again: 8 to
+# 24 % of the forwarding node's CPU (scripts/bench/RESULTS.md, "cross-node forward
+# path").  The count is allocations minus frees, so steady traffic does not reach it;
+# objects are still freed by their reference counts at once, only cycles wait longer.
+YOUNG_GC_THRESHOLD = 50_000
 
 
 async def _run_until_signal(settings: Settings) -> None:
@@ -37,6 +48,8 @@ async def _run_until_signal(settings: Settings) -> None:
 def run_node(settings: Settings) -> int:
     """Run a node until SIGINT/SIGTERM; 0 on a clean stop. Raises ConfigError for
     settings that cannot work (e.g. a port in use)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
     try:
         trio.run(_run_until_signal, settings)
     except BaseExceptionGroup as group:
