@@ -84,3 +84,36 @@ def test_an_acknowledged_batch_opens_each_gate_once_and_names_its_held_messages(
     assert open_gates(items) and gate.waiting == 1
     assert held_seqs(items) == [17]
     assert not open_gates([LinkItem(MSG)])  # QoS 0 forwards: no gate, nothing to release
+
+
+def _cbor2_frame(items: list[LinkItem], resent: bool) -> bytes:
+    """What the frame was before `fwdb_body` wrote it by hand: the envelope with each
+    item as `fwdb_item`, in one `cbor2.dumps`."""
+    fields: dict[str, object] = {"e": "3.1", "s": 300, "m": [i.fwdb_item() for i in items]}
+    if resent:
+        fields[RESENT] = True
+    return wire.encode_frame_body(FWDB, "A", fields)
+
+
+@pytest.mark.parametrize("resent", [False, True])
+def test_the_hand_written_frame_is_byte_for_byte_what_cbor2_writes(resent: bool) -> None:
+    odd = [
+        Message("", b"", 0, False, EMPTY_PROPERTIES, None, None, 0, None),
+        Message("é/ü/名前", b"\xff" * 23, 1, True, EMPTY_PROPERTIES, 12.0, "p" * 23, 23, "n" * 24),
+        Message("t" * 255, b"x" * 24, 2, False, PROPS, None, "q" * 256, 255, "B"),
+        # (A float, as declared: compiled code reads an int there as a float.)
+        Message("t" * 256, b"x" * 255, 0, False, EMPTY_PROPERTIES, 1_700_000_000.0, "pub", 256, "A"),
+        Message("t" * 65536, b"x" * 65536, 1, False, EMPTY_PROPERTIES, None, "pub", 65535, "A"),
+        Message("a/b", b"x" * 256, 1, False, EMPTY_PROPERTIES, None, "pub", 65536, "A"),
+        Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**32 - 1, "A"),
+        Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**32, "A"),
+        Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**64 - 1, "A"),
+        Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**64, "A"),
+    ]
+    items = [LinkItem(MSG), LinkItem(RICH, ForwardTarget(False, (("g", "s/#"), ("h", "+/2")), True, True), ("B", "C"))]
+    items += [LinkItem(m, share) for m in odd
+              for share in (ForwardTarget(True, (), False), ForwardTarget(True, (("g", "a/+"),), True, False))]
+    for n in (0, 1, 23, 24, len(items)):
+        assert fwdb_body("A", "3.1", 300, items[:n], resent) == _cbor2_frame(items[:n], resent)
+    many = [LinkItem(Message("t", str(i).encode(), 0, False, EMPTY_PROPERTIES, msg_id=i)) for i in range(300)]
+    assert fwdb_body("A", "3.1", 300, many, resent) == _cbor2_frame(many, resent)
