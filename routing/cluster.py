@@ -336,6 +336,12 @@ class Cluster:
             if link is not None:
                 link.retry_now()  # back: what waits for it goes now, not after the backoff
             self._replay_held(member)
+            if self.table.revive(member):
+                # Declared dead, not gone (a loaded node misses probes): its last routes
+                # are its routes again at once, and the pull below brings only what
+                # changed (a member of 100,000 routes pulled whole by every node at each
+                # false death made the next node late: a cascade at a million routes).
+                log.info("member %s back: its last routes taken back", member)
             # Its own routes, from itself (the rest comes from deltas and anti-entropy):
             # a new node, which sees every member come alive at once, pulls each
             # origin's routes once, not the whole table from every member.

@@ -236,6 +236,8 @@ class RouteTable:
         # Origins dropped (or released from a hold) whose trie entries are still being
         # removed: how many `_unsynced` runs of theirs are left.
         self._draining: dict[str, int] = {}
+        # A held origin's last state, to take back whole if it returns (`revive`).
+        self._held_states: dict[str, _OriginState] = {}
 
     @property
     def epoch(self) -> int:
@@ -438,6 +440,7 @@ class RouteTable:
         trie entries go a slice at a time (`settle`); returns how many it had."""
         self.wanted.discard(origin)
         self._staged_by_origin.pop(origin, None)
+        self._held_states.pop(origin, None)
         state = self.remote.pop(origin, None)
         if state is None:
             return 0
@@ -468,8 +471,26 @@ class RouteTable:
             sets = self.held[origin] = []
         if state is not None:
             del self.remote[origin]
+            self._held_states[origin] = state
             if state.filters:
                 sets.append(state.filters)
+        return True
+
+    def revive(self, origin: str) -> bool:
+        """A held origin is reachable again: its last state is its state again, at
+        once (the trie has its entries: its plain ones were held, its shared ones
+        stayed). A pull then brings what it changed since, as for any origin behind;
+        a member declared dead while it was only slow (a loaded machine) costs no
+        table copy when it returns. False if there is no such state to take back."""
+        if origin in self.remote or origin not in self.held:
+            return False
+        state = self._held_states.pop(origin, None)
+        if state is None:
+            return False
+        self.remote[origin] = state
+        self._matched = {}
+        if state.parked:
+            self.wanted.add(origin)
         return True
 
     def restore_held(self, origin: str, filters: Iterable[str]) -> None:
@@ -484,6 +505,7 @@ class RouteTable:
         """The origin's held routes stop routing (its own are back, it left, or the
         hold period ended): their trie entries follow its state, a slice at a time."""
         sets = self.held.pop(origin, None)
+        self._held_states.pop(origin, None)
         if sets is None:
             return
         state = self.remote.get(origin)

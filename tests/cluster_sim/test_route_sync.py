@@ -156,3 +156,34 @@ class _LocalRoutesPerStep(trio.abc.Instrument):
         grown = len(self.table.local_filters()) - self.size
         if grown:
             self.steps.append(grown)
+
+
+def test_a_member_with_20000_routes_declared_dead_while_reachable_comes_back_without_a_pull_of_them() -> None:
+    """A member cut off, held dead, then heard again with the same routes: its last
+    state is taken back whole (`RouteTable.revive`), so no node's trie changes at all
+    and no table is sent again (at a million routes over 10 loaded nodes, every false
+    death had each node pull and apply the member's 100,000 routes again, which made
+    the next member late: a cascade)."""
+
+    async def scenario(c: SimCluster) -> None:
+        c.cluster("n0").table.local_changes((f"fleet/{i % 100}/dev/{i}/temp", True) for i in range(ROUTES))
+        others = ["n1", "n2"]
+        tables = [c.cluster(n).table for n in others]
+        await c.wait_for(lambda: all(len(t.trie) == ROUTES and not t.unsettled for t in tables), 60,
+                         "n1 and n2 hold n0's routes")
+        states = [t.remote["n0"] for t in tables]
+        watch = _TrieChangePerStep(c, others)
+        trio.lowlevel.add_instrument(watch)
+        try:
+            c.cut(["n0"], others)
+            await c.wait_for(lambda: all(c.cluster(n).held.is_held("n0") for n in others), 60, "n0 held dead")
+            c.heal()
+            await c.wait_for(lambda: not any(c.cluster(n).held.members for n in others), 120, "n0 back")
+            await c.wait_converged(timeout=60)
+        finally:
+            trio.lowlevel.remove_instrument(watch)
+        assert watch.steps == []
+        assert all(t.remote["n0"] is state for t, state in zip(tables, states))  # taken back, not pulled again
+        assert all(t.route_count() == ROUTES and t.match_nodes("fleet/7/dev/107/temp") == {"n0"} for t in tables)
+
+    sim(scenario, nodes=3)

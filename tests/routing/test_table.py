@@ -359,6 +359,29 @@ def test_a_held_origin_keeps_routing_by_its_plain_routes_as_they_were():
     assert len(r.trie) == 0 and len(r.shared_trie) == 0
 
 
+def test_a_held_origin_that_returns_takes_its_last_state_back_whole():
+    """Declared dead while only slow: back, its last state is its state again (no
+    trie work, its shared routes count again), and what it changed since comes as for
+    any origin behind."""
+    a, deltas = origin_history("A", [(0, True), (1, True), (3, True)])  # a/#, a/b, $share/g/x
+    r = RouteTable("R", 1)
+    for d in deltas:
+        r.apply_delta(d)
+    digest = r.digest()["A"]
+    assert r.hold_origin("A") and r.match_shared("x") == {}
+    trie_before = (len(r.trie), len(r.shared_trie))
+    assert r.revive("A") and not r.revive("A")
+    assert r.digest()["A"] == digest and (len(r.trie), len(r.shared_trie)) == trie_before and not r.unsettled
+    assert r.match_shared("x") == {("g", "x"): {"A"}} and r.has_route("A", "a/b")
+    r.apply_delta(a.remove_local("a/b"))  # while it was away: a gap, then anti-entropy
+    r.apply_delta(a.remove_local("a/#"))
+    r.release_held("A")  # its own routes are back
+    while r.settle(1):
+        pass
+    assert r.routes() == {"$share/g/x": {"A"}}
+    _trie_matches_table(r)
+
+
 def test_an_origin_with_only_shared_routes_is_not_held():
     a, deltas = origin_history("A", [(3, True)])
     r = RouteTable("R", 1)
@@ -376,7 +399,7 @@ def test_held_routes_restored_from_the_store_route():
     assert r.match_nodes("a/b") == {"A"}
 
 
-HOLD_STEPS = st.lists(st.sampled_from(["delta", "stage", "settle", "snapshot", "drop", "hold", "release"]),
+HOLD_STEPS = st.lists(st.sampled_from(["delta", "stage", "settle", "snapshot", "drop", "hold", "release", "revive"]),
                       max_size=40)
 TOPICS = ["a/b", "a/c", "d", "e/1/f", "x"]
 
@@ -409,6 +432,8 @@ def test_held_routes_match_without_a_gap_whatever_comes_between(ops, later, step
             r.hold_origin("A")
         elif step == "release":
             r.release_held("A")
+        elif step == "revive":
+            r.revive("A")
         if not r.unsettled:  # (a hold taken while a swapped-in state's trie catches up follows it)
             for f in r.held_filters("A"):
                 if not f.startswith("$share/"):
