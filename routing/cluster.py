@@ -293,6 +293,8 @@ class Cluster:
         changes = self.table.apply_delta(delta)
         if changes:
             self._table_grew()
+        if self.table.unsettled:
+            self._settle_soon()  # a restarted origin's old entries, in slices
         ts = self._now_us()
         for topic_filter, node, present in changes:
             self.trace.emit(ts_us=ts, kind="route_add" if present else "route_del", subject=topic_filter,

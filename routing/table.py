@@ -283,7 +283,11 @@ class RouteTable:
         if state is None or delta.epoch > state.epoch:
             # A new origin, or a restarted one: its state at version 0 of this epoch is
             # empty. Changes that come before version 1 are parked until it arrives.
-            changes.extend(self._drop(delta.origin))
+            # The old epoch's trie entries go a slice at a time (`settle`): a member
+            # back from a restart with 100,000 routes was one step of them all.
+            if state is not None:
+                del self.remote[delta.origin]
+                self._drain_trie(delta.origin, state.filters)
             state = self.remote[delta.origin] = _OriginState(delta.epoch)
         elif delta.epoch < state.epoch:
             return changes

@@ -123,6 +123,12 @@ def test_restart_starts_a_new_epoch_that_replaces_the_old_one():
     a2, deltas2 = origin_history("A", [(4, True)], epoch=2)
     r.apply_delta(deltas2[0])
     assert r.routes() == {"d": {"A"}}
+    # The old epoch's trie entries go a slice at a time.
+    assert r.unsettled
+    while r.settle(1):
+        pass
+    assert r.match_nodes("a/b") == set() and r.match_nodes("d") == {"A"}
+    _trie_matches_table(r)
     # Late news from the old epoch is ignored.
     r.apply_delta(deltas[1])
     r.apply_snapshot(RouteSnapshot("A", 1, 5, frozenset({"zzz"})))
