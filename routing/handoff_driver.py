@@ -400,8 +400,14 @@ class Handoffs:
             # Before this node claims the client: discarding the copy after the claim
             # released it, and the taker, told of that release, refused the takeover
             # as superseded (simulator seed 20068 of 3 nodes, 6 clients, 15 s: the
-            # CONNECT closed with 0x8E, no SUBACK).
-            self._handed_over(client_id, giving.taker, self.clock.wall())
+            # CONNECT closed with 0x8E, no SUBACK).  Its `ho_done` has not come, though:
+            # the taker may have stopped (died) before it merged the commit's chunk,
+            # so what was queued here goes to it as a late relay too, not only what
+            # came after the commit (simulator seed 139 of 5 nodes, 20 clients, 60 s:
+            # the taker died before its `ho_done`, and the messages of the commit's
+            # chunk, held nowhere else, were lost with the copy discarded here).
+            self._handed_over(client_id, giving.taker, self.clock.wall(), giving.commit_seq, giving.fenced,
+                              unconfirmed=True)
         elif giving is not None:
             log.info("%s came back here: handoff to %s abandoned", client_id, giving.taker)
         claim = self.register.claim(client_id, self._wall_ms(), clean=clean_start)
@@ -749,7 +755,10 @@ class Handoffs:
         raise ValueError(f"unknown handoff frame {kind!r}")
 
     def _handed_over(self, cid: str, taker: str, now: float, commit_seq: int | None = None,
-                     fenced: dict[str, int] | None = None) -> None:
+                     fenced: dict[str, int] | None = None, unconfirmed: bool = False) -> None:
+        """The session is the taker's: the copy here goes, and what the taker may lack
+        is relayed to it: what was queued after its commit (`commit_seq`), and with
+        `unconfirmed` (no `ho_done` came) what the commit's chunk gave it as well."""
         self.stats.given += 1
         session = self.broker.sessions.get(cid)
         if faults.STALE_OWNER:
@@ -764,8 +773,9 @@ class Handoffs:
                 # Queued here after the taker took the tail: from a member the fence
                 # could not drain, the taker may not have it.  (What this node or a
                 # fenced member sent after the fence went to the taker as well.)
-                tail = [d for d in session.queue if d.seq > commit_seq and d.message.origin != self.node_id
-                        and not (d.message.origin in (fenced or {}) and d.message.msg_id > (fenced or {})[d.message.origin])]
+                tail = [d for d in session.queue if (unconfirmed and d.seq <= commit_seq) or (
+                        d.seq > commit_seq and d.message.origin != self.node_id
+                        and not (d.message.origin in (fenced or {}) and d.message.msg_id > (fenced or {})[d.message.origin]))]
         self.broker.discard_session(cid, now)
         # What the session was given here is the taker's to remember now; kept here, it
         # would make the copy relayed below drop what it carries.

@@ -302,3 +302,15 @@ def test_a_giver_that_holds_its_taker_dead_takes_the_routes_it_hands_over() -> N
     # commit, and p7/5/5 (QoS 2), which n4 published just after, was neither forwarded
     # to n2 nor held for it: lost.  Routes a member hands over itself are taken now.
     assert simulate_seed(5, 20, 60, 148) == "seed=148 ok"
+
+
+def test_a_connect_back_on_a_giver_whose_taker_died_after_the_commit_keeps_the_commits_messages() -> None:
+    # Seed 139 of 5 nodes, 20 clients, 60 s: n2 took s4 from n3; n3 answered the
+    # commit with its queue (p2/1/9, held by n4 through a cut and replayed at the
+    # heal, among it) and n2 was killed before it merged that chunk and sent
+    # `ho_done`.  s4 came back to n3, which took the commit for done, discarded its
+    # copy and relayed only what was queued after the commit: p2/1/9, acknowledged,
+    # was held nowhere any more.  With no `ho_done`, the commit's chunk is relayed to
+    # the taker too.  (Found after c2749be, whose extra housekeeping task moved the
+    # schedule onto this path; the defect is older.)
+    assert simulate_seed(5, 20, 60, 139) == "seed=139 ok"
