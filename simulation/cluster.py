@@ -27,6 +27,7 @@ too (set iteration order): `PYTHONHASHSEED` (the simulator's CLI sets it).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -452,6 +453,10 @@ def run_cluster(params: ClusterParams, scenario: Callable[[SimCluster], Awaitabl
                 for node_id in cluster.node_ids:
                     await cluster.kill(node_id)
             nursery.cancel_scope.cancel()
+        # A node's heap freeze (routing.heap) is the process's: a killed node's process
+        # takes it along, but these nodes share the caller's, so it is thawed here (else
+        # what runs next keeps the nodes' garbage out of every collection).
+        gc.unfreeze()
         return result.unwrap()
 
     with _deterministic_scheduling(params.seed):
