@@ -965,7 +965,9 @@ class Replication:
             # claimed the session meanwhile, and a member may have cleared the will.
             copy = self.copies_held.get(cid)
             taken = self._taken.get(cid)
-            if copy is None or copy.will is None or copy.owner != owner                     or (taken is not None and self.clock.now() - taken < TAKEN_FOR)                     or not self._orphaned(cid, copy, set(self.members.alive_members())):
+            if (copy is None or copy.will is None or copy.owner != owner
+                    or (taken is not None and self.clock.now() - taken < TAKEN_FOR)
+                    or not self._orphaned(cid, copy, set(self.members.alive_members()))):
                 return
             will, _ = records.decode_will(copy.will)
             copy.will = None  # before it leaves: a takeover from this copy now finds no will
@@ -989,8 +991,10 @@ class Replication:
         """Another copy's will goes too: sent once, whoever sends after this node dies."""
         try:
             await self.queries.ask(peer, "repl_nowill", {"c": cid, "o": owner}, timeout=REPLICA_TIMEOUT)
-        except (QueryFailed, OSError, trio.BrokenResourceError):
-            pass  # an older member, or one gone: it may send the will again only after this node is gone too
+        except (QueryFailed, OSError, trio.BrokenResourceError) as exc:
+            # An older member, or one gone: it may send the will again, but only after
+            # this node is gone too (it ranks after this one).
+            log.debug("session %s: %s not told its will was sent: %s", cid, peer, exc)
 
     async def _tell_owner_will_sent(self, owner: str, cid: str) -> None:
         try:

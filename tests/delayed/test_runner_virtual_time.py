@@ -260,7 +260,7 @@ def test_a_page_of_cancelled_messages_whose_deletes_are_not_written_yet_does_not
         async with trio.open_nursery() as nursery:
             messages, _, store = await start(nursery, disk, clock, window=4)
             ids.extend(messages.accept(message(n), 10 + n, clock.wall()).id for n in range(12))
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # the committer is done
             assert store.durable_epoch == store.write_epoch
             nursery.cancel_scope.cancel()
 
@@ -275,7 +275,8 @@ def test_a_page_of_cancelled_messages_whose_deletes_are_not_written_yet_does_not
                                routes_known=lambda: True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(runner.run)
-            await trio.sleep(1)  # the first page (messages 0-3) is loaded
+            await trio.testing.wait_all_tasks_blocked()
+            assert messages.schedule.next_due() == EPOCH + 10  # the first page (messages 0-3) is loaded
             for n in range(4, 8):
                 assert messages.cancel(ids[n]) is not None
             await trio.sleep(30)
