@@ -159,6 +159,8 @@ class Cluster:
         self._pulls_out: dict[str, float] = {}  # peer -> when a routes pull to it went unanswered so far
         self._settling = False  # a `_settle_routes` task runs: pulled snapshots wait in the table for it
         self._pull_more: set[str] = set()  # peers that have more to send once what they sent is applied
+        self.pulled_snapshot_filters = 0  # filters of route snapshots pulled from peers (whole states)
+        self.pulled_delta_changes = 0  # changes pulled from peers' delta logs (what a gap lacked)
         gossip.on_broadcast("route", self._on_route_broadcast)
         gossip.on_member_change(self._on_member_change)
         gossip.register_push_pull("routes", self._digest_for_push_pull, self._on_peer_digest)
@@ -522,7 +524,10 @@ class Cluster:
         if asked is not None and now - asked < PULL_PATIENCE:
             return  # its answer, which comes first, brings what a second one would
         self._pulls_out[peer] = now
-        request: dict[str, object] = {"d": digest_to_wire(self.table.pull_digest()), "max": ROUTES_REPLY_FILTERS}
+        # `dl`: deltas from the peer's delta log are welcome (older versions ignore it
+        # and answer snapshots, which an older asker, which never sends it, gets too).
+        request: dict[str, object] = {"d": digest_to_wire(self.table.pull_digest()), "max": ROUTES_REPLY_FILTERS,
+                                      "dl": True}
         if origins is not None:
             request["o"] = origins
         self._link(peer).request("routes_req", request, functools.partial(self._on_routes_reply, peer))
@@ -538,6 +543,17 @@ class Cluster:
                 continue
             if not self._gone(snap.origin):
                 self.table.stage_snapshot(snap)  # applied in slices by `_settle_routes`
+                self.pulled_snapshot_filters += len(snap.filters)
+                taken += 1
+        for delta_wire in frame.get("deltas", ()):
+            try:
+                delta = RouteDelta.from_wire(delta_wire)
+            except (TypeError, ValueError):
+                self.malformed_items += 1
+                continue
+            if not self._gone(delta.origin):
+                self.table.stage_delta(delta)  # applied in slices too
+                self.pulled_delta_changes += len(delta.changes)
                 taken += 1
         if frame.get("more") is True and taken:
             self._pull_more.add(peer)  # the rest once this part is applied (memory stays bounded)
@@ -603,26 +619,32 @@ class Cluster:
         if kind == "routes_req":
             limit = frame.get("max")  # absent from older versions: everything in one answer
             only = frame.get("o")  # absent from older versions, and from anti-entropy: every origin
-            snaps, more = self.table.snapshots_newer_than(
+            snaps, deltas, more = self.table.newer_than(
                 digest_from_wire(frame["d"]), limit if isinstance(limit, int) and limit > 0 else None,
-                frozenset(o for o in only if isinstance(o, str)) if isinstance(only, list) else None)
+                frozenset(o for o in only if isinstance(o, str)) if isinstance(only, list) else None,
+                delta_piece=ROUTE_SLICE if frame.get("dl") is True else 0)
+            fields: dict[str, object] = {"snaps": [], **({"more": True} if more else {})}
+            if deltas:
+                fields["deltas"] = [d.to_wire() for d in deltas]
             if sum(len(snap.filters) for snap in snaps) <= ROUTE_SLICE:
-                return "routes", {"snaps": [s.to_wire() for s in snaps], **({"more": True} if more else {})}
-            return self._routes_answer(snaps, more)
+                fields["snaps"] = [s.to_wire() for s in snaps]
+                return "routes", fields
+            return self._routes_answer(snaps, fields)
         if kind == "retained_req":
             now = self.clock.wall()
             msgs = [records.message_map(m) for _, m in self.broker.retained.items() if not m.expired(now) and not m.topic.startswith("$")]
             return "retained", {"msgs": msgs}
         raise ValueError(f"unknown mesh frame {kind!r}")
 
-    async def _routes_answer(self, snaps: list[RouteSnapshot], more: bool) -> Reply:
+    async def _routes_answer(self, snaps: list[RouteSnapshot], fields: dict[str, object]) -> Reply:
         """A big `routes` answer, each snapshot put in wire form (sorted) in a tick of
         its own: the snapshots are copies, taken at once, so the answer is consistent."""
         wire: list[object] = []
         for snap in snaps:
             wire.append(snap.to_wire())
             await trio.sleep(0)
-        return "routes", {"snaps": wire, **({"more": True} if more else {})}
+        fields["snaps"] = wire
+        return "routes", fields
 
     # ------------------------------------------------------------- forwarding
 

@@ -13,6 +13,14 @@ always exactly the origin's state at some version, never a mix, which makes appl
 idempotent (duplicates are <= the version held), order-independent (parked deltas are
 drained in order) and convergent (the newest snapshot wins).
 
+Every replica also keeps each origin's last `DELTA_LOG` changes (the delta log), so a
+gap is closed by the changes since the asker's version (`newer_than` with deltas: the
+same `RouteDelta`s it missed), and a snapshot is pulled only when the log no longer
+reaches back that far (or the changes would outnumber the routes). At a million
+routes over 10 nodes, each gap pulled the origin's whole 100,000 routes, sorted by the
+sender per answer and hashed and swapped in by the asker: the nodes spent a quarter of
+their time answering such pulls, and fell behind on gossip.
+
 `digest()` gives per origin (epoch, version, hash); two replicas with equal digests hold
 equal entries, and comparing digests tells which origins a peer lacks.  The hash is an
 XOR of per-filter hashes, kept incrementally.
@@ -47,12 +55,19 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
 
 import faults
 from routing.trie import TopicTrie
 
 MAX_PARKED = 10_000
+# Changes kept per origin (the delta log, see the module's docstring): a pointer each
+# (the change tuples are those the deltas brought), at 10 origins 4 MB per node.
+DELTA_LOG = 50_000
+# A pull is answered with deltas when they reach back and number at most this many or
+# at most the origin's routes (past both, its snapshot is the smaller answer).
+DELTAS_ALWAYS = 1_000
 # Topics whose matching remote nodes are remembered until the plain routes change: a
 # publisher's topics repeat, so most publishes skip the trie walk (bounded: a stream
 # of ever new topics only refills it).
@@ -172,6 +187,10 @@ def _fields(data: object, n: int, what: str) -> list[object] | tuple[object, ...
     return fields
 
 
+def _new_log() -> deque[tuple[str, bool]]:
+    return deque(maxlen=DELTA_LOG)
+
+
 @dataclass
 class _OriginState:
     epoch: int
@@ -179,6 +198,18 @@ class _OriginState:
     filters: set[str] = field(default_factory=set)
     hash: int = 0
     parked: dict[int, tuple[str, bool]] = field(default_factory=dict)  # version -> change
+    # The last changes, versions `version - len(log) + 1` .. `version` (see DELTA_LOG);
+    # a state taken from a snapshot starts with an empty one.
+    log: deque[tuple[str, bool]] = field(default_factory=_new_log)
+
+    def changes_since(self, version: int) -> list[tuple[str, bool]] | None:
+        """Changes `version + 1` .. `self.version` from the log; None if it does not
+        reach back that far."""
+        missing = self.version - version
+        log = self.log
+        if missing < 0 or missing > len(log):
+            return None
+        return list(islice(log, len(log) - missing, None))
 
     def set(self, topic_filter: str, present: bool) -> bool:
         """Apply one change; True if it changed the entry set."""
@@ -227,6 +258,9 @@ class RouteTable:
         # first list has come).
         self._staged: deque[_Staged] = deque()
         self._staged_by_origin: dict[str, _Staged] = {}
+        # Deltas pulled from a peer's delta log, applied in `settle` after staged
+        # snapshots (one of the same origin may be what they follow).
+        self._staged_deltas: deque[RouteDelta] = deque()
         self._unsynced: deque[tuple[str, list[str], bool]] = deque()  # (origin, filters, from a drop)
         self._unsynced_at = 0
         # Origins held (see the module's docstring): their route sets as they were,
@@ -256,7 +290,9 @@ class RouteTable:
         if not self.local.set(topic_filter, present):
             return None
         self.local.version += 1
-        return RouteDelta(self.node_id, self.local.epoch, self.local.version, ((topic_filter, present),))
+        change = (topic_filter, present)
+        self.local.log.append(change)
+        return RouteDelta(self.node_id, self.local.epoch, self.local.version, (change,))
 
     def local_changes(self, changes: Iterable[tuple[str, bool]]) -> RouteDelta | None:
         """Several local changes as one delta (those that change nothing are left out)."""
@@ -265,6 +301,7 @@ class RouteTable:
             return None
         first = self.local.version + 1
         self.local.version += len(applied)
+        self.local.log.extend(applied)
         return RouteDelta(self.node_id, self.local.epoch, first, tuple(applied))
 
     def local_snapshot(self) -> RouteSnapshot:
@@ -310,9 +347,12 @@ class RouteTable:
         # Only versions past the state's are ever parked (`apply_delta`; a snapshot
         # keeps only those past its own): no scan of them all per delta, which a node
         # far behind (10,000 parked) paid for each of hundreds of deltas in a row.
+        log = state.log
         while state.version + 1 in parked:
             state.version += 1
-            topic_filter, present = parked.pop(state.version)
+            change = parked.pop(state.version)
+            log.append(change)
+            topic_filter, present = change
             if faults.FORGET_ROUTE and present:
                 continue  # BUGGIFY: the version advances, the route is never added
             if state.set(topic_filter, present):
@@ -358,10 +398,21 @@ class RouteTable:
         self._staged.append(staged)
         return True
 
+    def stage_delta(self, delta: RouteDelta) -> bool:
+        """Queue a pulled delta for `settle` if it brings something newer than what this
+        replica holds of its origin in the same epoch; False if not (nothing to do)."""
+        if delta.origin == self.node_id:
+            return False
+        held = self._newest(delta.origin)
+        if held is None or delta.epoch != held[0] or delta.last_version <= held[1]:
+            return False
+        self._staged_deltas.append(delta)
+        return True
+
     @property
     def unsettled(self) -> bool:
-        """Whether staged snapshots or trie entries still wait for `settle`."""
-        return bool(self._staged or self._unsynced)
+        """Whether staged snapshots, deltas or trie entries still wait for `settle`."""
+        return bool(self._staged or self._unsynced or self._staged_deltas)
 
     def settle(self, budget: int) -> bool:
         """Do about `budget` filters' worth of the staged work (trie entries first,
@@ -385,6 +436,13 @@ class RouteTable:
                     self._staged.popleft()
                     del self._staged_by_origin[staged.snap.origin]
                     self._swap_in(staged)
+            elif self._staged_deltas:
+                delta = self._staged_deltas.popleft()
+                budget -= len(delta.changes) + 1
+                # Only onto a state of its origin held now: one dropped or held dead
+                # meanwhile is not brought back by a delta (its next pull mends it).
+                if delta.origin in self.remote:
+                    self.apply_delta(delta)
             else:
                 break
         return self.unsettled
@@ -569,19 +627,43 @@ class RouteTable:
         snapshots of origins we hold newer, and whether some were left out to keep the
         answer under `max_filters` filters (at least one snapshot goes, whatever its
         size: a snapshot is never split)."""
-        out: list[RouteSnapshot] = []
+        snaps, _, more = self.newer_than(peer_digest, max_filters, origins, delta_piece=0)
+        return snaps, more
+
+    def newer_than(self, peer_digest: Mapping[str, OriginDigest], max_filters: int | None = None,
+                   origins: Collection[str] | None = None,
+                   delta_piece: int = 0) -> tuple[list[RouteSnapshot], list[RouteDelta], bool]:
+        """`snapshots_newer_than`, but with `delta_piece` > 0, an origin the peer holds
+        in the same epoch at a version our delta log reaches back to comes as the
+        changes it lacks (deltas of at most `delta_piece` changes each), not whole;
+        changes count as filters against `max_filters`."""
+        snaps: list[RouteSnapshot] = []
+        deltas: list[RouteDelta] = []
         filters = 0
         for origin, (epoch, version, _) in self.digest().items():
             if origins is not None and origin not in origins:
                 continue
             theirs = peer_digest.get(origin)
-            if theirs is None or (epoch, version) > (theirs.epoch, theirs.version):
-                size = len(self.local.filters if origin == self.node_id else self.remote[origin].filters)
-                if out and max_filters is not None and filters + size > max_filters:
-                    return out, True
-                out.append(self.snapshot_of(origin))
-                filters += size
-        return out, False
+            if theirs is not None and (epoch, version) <= (theirs.epoch, theirs.version):
+                continue
+            state = self.local if origin == self.node_id else self.remote[origin]
+            changes = None
+            if delta_piece > 0 and theirs is not None and theirs.epoch == epoch:
+                changes = state.changes_since(theirs.version)
+                if changes is not None and len(changes) > max(DELTAS_ALWAYS, len(state.filters)):
+                    changes = None  # the snapshot is the smaller answer
+            size = len(changes) if changes is not None else len(state.filters)
+            if (snaps or deltas) and max_filters is not None and filters + size > max_filters:
+                return snaps, deltas, True
+            filters += size
+            if changes is None:
+                snaps.append(self.snapshot_of(origin))
+                continue
+            first = theirs.version + 1 if theirs is not None else 1
+            for at in range(0, len(changes), delta_piece):
+                piece = tuple(changes[at:at + delta_piece])
+                deltas.append(RouteDelta(origin, epoch, first + at, piece))
+        return snaps, deltas, False
 
     def pull_digest(self) -> Digest:
         """The digest to pull with: staged snapshots count as held, so the peer does not
@@ -592,6 +674,11 @@ class RouteTable:
             held = out.get(origin)
             if held is None or (snap.epoch, snap.version) > (held.epoch, held.version):
                 out[origin] = OriginDigest(snap.epoch, snap.version, 0)
+        for delta in self._staged_deltas:  # in the order they will be applied
+            held = out.get(delta.origin)
+            if (held is not None and delta.epoch == held.epoch
+                    and delta.first_version <= held.version + 1 <= delta.last_version):
+                out[delta.origin] = OriginDigest(delta.epoch, delta.last_version, 0)
         return out
 
     def behind(self, peer_digest: Mapping[str, OriginDigest]) -> list[str]:

@@ -7,7 +7,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.table import RouteDelta, RouteSnapshot, RouteTable
+from routing.table import DELTA_LOG, DELTAS_ALWAYS, RouteDelta, RouteSnapshot, RouteTable
+
+ROUTE_PIECE = 2_000
 
 FILTERS = ["a/#", "a/b", "+/c", "$share/g/x", "d", "e/+/f"]
 
@@ -233,15 +235,26 @@ def _trie_matches_table(r: RouteTable) -> None:
     assert {**plain, **shared} == expected
 
 
-STEPS = st.lists(st.sampled_from(["delta", "stage", "settle", "snapshot", "drop"]), max_size=40)
+STEPS = st.lists(st.sampled_from(["delta", "stage", "settle", "snapshot", "drop", "pull"]), max_size=40)
+
+
+def _pull(r: RouteTable, holder: RouteTable, piece: int) -> None:
+    """A pull as the cluster makes it: what `holder` has newer than `r`'s pull digest,
+    as snapshots or (with `piece` > 0) as deltas from its delta log, staged in `r`."""
+    snaps, deltas, _ = holder.newer_than(r.pull_digest(), delta_piece=piece)
+    for snap in snaps:
+        r.stage_snapshot(snap)
+    for delta in deltas:
+        r.stage_delta(delta)
 
 
 @settings(max_examples=300, deadline=None)
 @given(ops=OPS, steps=STEPS, seed=st.integers(0, 2**32), budget=st.integers(1, 3))
 def test_snapshots_applied_in_slices_end_where_whole_ones_would_whatever_comes_between(ops, steps, seed, budget):
     """Staged snapshots settled a few filters at a time, with deltas (in any order),
-    drops of the origin, whole snapshots and more staged ones in between: once settled
-    and synced, the replica holds the origin's state and its tries agree with it."""
+    drops of the origin, whole snapshots, more staged ones and pulls from the origin's
+    delta log in between: once settled and synced, the replica holds the origin's
+    state and its tries agree with it."""
     rng = random.Random(seed)
     a, deltas = origin_history("A", ops)
     # Snapshots of A along its history (a replay of it), to stage out of order.
@@ -265,11 +278,14 @@ def test_snapshots_applied_in_slices_end_where_whole_ones_would_whatever_comes_b
             r.apply_snapshot(rng.choice(snaps))
         elif step == "drop":
             r.drop_origin("A")
-    # Then anti-entropy as the cluster runs it: stage what the pull digest lacks, settle.
-    for snap in a.snapshots_newer_than(r.pull_digest())[0]:
-        r.stage_snapshot(snap)
-    while r.settle(budget):
-        pass
+        elif step == "pull":
+            _pull(r, a, budget)
+    # Then anti-entropy as the cluster runs it: stage what the pull digest lacks, settle
+    # (twice: a delta staged behind a snapshot the first pull superseded asks again).
+    for _ in range(2):
+        _pull(r, a, budget)
+        while r.settle(budget):
+            pass
     assert not r.unsettled and r.wanted == set()
     assert r.digest()["A"] == a.digest()["A"]
     assert r.routes() == {f: {"A"} for f in a.local_filters()}
@@ -459,3 +475,69 @@ def test_held_routes_match_without_a_gap_whatever_comes_between(ops, later, step
     while r.settle(budget):
         pass
     _trie_matches_table(r)
+
+
+def test_a_gap_is_closed_by_the_changes_it_lacks_from_the_delta_log_not_the_whole_state():
+    """A replica that missed some of an origin's deltas is answered with those changes
+    (from the origin or from any replica holding them), not with the origin's whole
+    state; past the log's reach, or where the changes outnumber the routes, the
+    snapshot is the answer."""
+    a = RouteTable("A", 1)
+    r, other = RouteTable("R", 1), RouteTable("O", 1)
+    first = a.local_changes((f"dev/{i}/cmd", True) for i in range(5_000))
+    assert first is not None
+    r.apply_delta(first)
+    other.apply_delta(first)
+    for i in range(3):
+        delta = a.add_local(f"late/{i}")
+        assert delta is not None
+        other.apply_delta(delta)
+    tail = a.remove_local("dev/0/cmd")
+    assert tail is not None
+    other.apply_delta(tail)
+    r.apply_delta(tail)  # a gap: versions 5,001-5,003 never came
+    assert r.wanted == {"A"}
+    for holder in (a, other):
+        snaps, deltas, more = holder.newer_than(r.pull_digest(), origins={"A"}, delta_piece=2)
+        assert snaps == [] and not more
+        assert [(d.first_version, d.changes) for d in deltas] == [
+            (5_001, (("late/0", True), ("late/1", True))), (5_002 + 1, (("late/2", True), ("dev/0/cmd", False)))]
+    state = r.remote["A"]
+    for delta in deltas:
+        assert r.stage_delta(delta)
+    assert r.pull_digest()["A"][:2] == (1, 5_004)  # staged: a pull now would not ask again
+    while r.settle(1):
+        pass
+    assert r.remote["A"] is state and r.wanted == set()
+    assert r.digest()["A"] == a.digest()["A"]
+    assert r.routes() == {f: {"A"} for f in a.local_filters()}
+    _trie_matches_table(r)
+    # Without `delta_piece` (an older asker), or with the asker in another epoch, whole.
+    behind = RouteTable("B", 1)
+    behind.apply_delta(RouteDelta("A", 1, 1, (("dev/0/cmd", True),)))
+    assert [s.version for s in a.newer_than(behind.digest())[0]] == [5_004]
+    # More changes than routes: the snapshot is smaller.
+    churn = RouteTable("C", 1)
+    replica = RouteTable("R", 1)
+    replica.apply_delta(churn.add_local("keep"))
+    for i in range(DELTAS_ALWAYS + 1):
+        churn.add_local(f"tmp/{i}")
+        churn.remove_local(f"tmp/{i}")
+    snaps, deltas, _ = churn.newer_than(replica.digest(), delta_piece=100)
+    assert deltas == [] and [s.filters for s in snaps] == [frozenset({"keep"})]
+
+
+def test_the_delta_log_is_bounded_and_a_gap_older_than_it_takes_the_snapshot():
+    a = RouteTable("A", 1)
+    r = RouteTable("R", 1)
+    first = a.add_local("first")
+    assert first is not None
+    r.apply_delta(first)
+    a.local_changes((f"dev/{i}", True) for i in range(DELTA_LOG + 1))
+    assert len(a.local.log) == DELTA_LOG  # versions 3 .. DELTA_LOG + 2
+    snaps, deltas, _ = a.newer_than(r.digest(), delta_piece=ROUTE_PIECE)
+    assert deltas == [] and [s.version for s in snaps] == [DELTA_LOG + 2]  # version 2 is out of the log
+    r.apply_delta(RouteDelta("A", 1, 2, (("dev/0", True),)))
+    snaps, deltas, _ = a.newer_than(r.digest(), delta_piece=ROUTE_PIECE)
+    assert snaps == [] and sum(len(d.changes) for d in deltas) == DELTA_LOG
+    assert max(len(d.changes) for d in deltas) == ROUTE_PIECE
