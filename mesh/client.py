@@ -20,7 +20,7 @@ import functools
 import logging
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from clock import Clock
 from delayed.topic import PREFIX as DELAYED_PREFIX, DelayedTopic, DelayedTopicRefused, parse_delayed
@@ -44,6 +44,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshd.connection")
 
 OUTBOX_LIMIT = 4 * 1024 * 1024
+# Filters of one SUBSCRIBE handled per step: a SUBSCRIBE of more is handled by the
+# reader a slice at a time, the event loop free between (`pending_subscribe`). At a
+# million routes, nodes taking SUBSCRIBEs of 1,000 filters from 10 clients at once held
+# their loop for whole ticks of them, gossip probes went unanswered past lan's 0.5 s,
+# and members were declared dead.
+SUBSCRIBE_SLICE = 100
 
 # At most this many encodings kept on a message (`Message.encoded`): subscription
 # identifiers differ per subscriber, and a message may wait in queues a long time.
@@ -86,7 +92,8 @@ class _Rare:
     """What few clients need, made on first use: every slot of a `Client` is 8 bytes of
     each idle connection, and these are None for nearly all of them."""
 
-    __slots__ = ("cert_cn", "publish_bucket", "rate_delay", "close_reason", "hook_info", "pending_connect", "pending_publish")
+    __slots__ = ("cert_cn", "publish_bucket", "rate_delay", "close_reason", "hook_info", "pending_connect", "pending_publish",
+                 "pending_subscribe")
 
     def __init__(self) -> None:
         self.cert_cn: str | None = None  # TLS: the client certificate's CN, for the CONNECT
@@ -99,10 +106,12 @@ class _Rare:
         self.pending_connect: Connect | None = None  # a CONNECT whose handshake must await
         # A PUBLISH whose message.publish hooks must be awaited before it is routed.
         self.pending_publish: tuple[Publish, PendingPublish] | None = None
+        self.pending_subscribe: Subscribe | None = None  # a SUBSCRIBE to handle in slices
 
     def empty(self) -> bool:
         return (self.cert_cn is None and self.publish_bucket is None and not self.rate_delay and self.close_reason is None
-                and self.hook_info is None and self.pending_connect is None and self.pending_publish is None)
+                and self.hook_info is None and self.pending_connect is None and self.pending_publish is None
+                and self.pending_subscribe is None)
 
 
 class Client:
@@ -195,6 +204,19 @@ class Client:
                 self._less()
 
     @property
+    def pending_subscribe(self) -> Subscribe | None:
+        """A SUBSCRIBE of more than `SUBSCRIBE_SLICE` filters, for the reader to handle
+        a slice at a time (`subscribe_steps`)."""
+        return self._rare.pending_subscribe if self._rare is not None else None
+
+    @pending_subscribe.setter
+    def pending_subscribe(self, pending: Subscribe | None) -> None:
+        if pending is not None or self._rare is not None:
+            self._more().pending_subscribe = pending
+            if pending is None:
+                self._less()
+
+    @property
     def _rate_delay(self) -> float:
         """Seconds the reader pauses before it reads again (publish_rate)."""
         return self._rare.rate_delay if self._rare is not None else 0.0
@@ -276,6 +298,9 @@ class Client:
                 elif type(event) is PublishRepeated:
                     self.write(machine.pubrec(event.packet_id))  # taken already: not routed again
                 elif type(event) is Subscribe:
+                    if len(event.subscriptions) > SUBSCRIBE_SLICE:
+                        self.pending_subscribe = event  # the reader takes it, in slices
+                        return False
                     self._on_subscribe(event, now)
                 elif type(event) is Unsubscribe:
                     self._on_unsubscribe(event)
@@ -844,6 +869,12 @@ class Client:
             self.write(data)
 
     def _on_subscribe(self, p: Subscribe, now: float) -> None:
+        for _ in self.subscribe_steps(p, now):
+            pass
+
+    def subscribe_steps(self, p: Subscribe, now: float) -> Iterator[None]:
+        """Handle a SUBSCRIBE, pausing (a yield) after each `SUBSCRIBE_SLICE` filters;
+        the SUBACK goes once all are handled."""
         session = self.session
         assert session is not None
         sub_id = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
@@ -854,7 +885,9 @@ class Client:
         asked_from = replay_from(p.properties.user_properties) if p.properties is not EMPTY_PROPERTIES else None
         reasons: list[str] = []
         user_properties: list[tuple[str, str]] = []
-        for sub in p.subscriptions:
+        for n, sub in enumerate(p.subscriptions, 1):
+            if n % SUBSCRIBE_SLICE == 0:
+                yield
             request: ReplayRequest | None = None
             if streams is not None and (asked_from is not None or sub.topic_filter.startswith(REPLAY_PREFIX)):
                 try:

@@ -28,7 +28,7 @@ from clock import Clock
 from mesh.client import OUTBOX_LIMIT, Client, _persistent, server_settings
 from mesh.streams import READ_SIZE, ByteStream
 from hooks.registry import PendingPublish
-from mqtt import Connect, Publish, ReasonCode
+from mqtt import Connect, Publish, ReasonCode, Subscribe
 
 if TYPE_CHECKING:
     from mesh.broker import Broker
@@ -221,6 +221,11 @@ class ClientConnection(Client):
                 await self._publish_hooked(*self.pending_publish)
                 scope.deadline = self._scope_deadline()
                 continue
+            if rare and self.pending_subscribe is not None:
+                scope.deadline = math.inf  # a SUBSCRIBE is not half-taken
+                await self._subscribe_sliced(self.pending_subscribe)
+                scope.deadline = self._scope_deadline()
+                continue
             if rare and self.pending_connect is not None:
                 scope.deadline = math.inf  # the handshake bounds its own waits
                 if not await self._handshake(self.pending_connect):
@@ -253,6 +258,14 @@ class ClientConnection(Client):
         routed and acknowledged; the reader reads nothing more meanwhile, so order holds."""
         self.pending_publish = None
         self.route_publish(p, await self.broker.hooks.finish_publish(pending), self.clock.wall())
+
+    async def _subscribe_sliced(self, p: Subscribe) -> None:
+        """A big SUBSCRIBE, a slice of its filters per step with a checkpoint between
+        (gossip answers its probes meanwhile); the reader reads nothing more until the
+        SUBACK is out, so order holds."""
+        self.pending_subscribe = None
+        for _ in self.subscribe_steps(p, self.clock.wall()):
+            await trio.sleep(0)
 
     async def _handshake(self, c: Connect) -> bool:
         """The CONNECT's steps (`mesh.client`), awaiting where a step must: the password

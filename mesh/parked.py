@@ -159,7 +159,8 @@ class ParkedConnection(ClientConnection):
             self._writing = False
         if end:
             self.closing = True  # the task flushes what is in the outbox, then closes
-        if self.closing or self.pending_connect is not None or self.pending_publish is not None or not self._flush_now() or self._rate_delay:
+        if (self.closing or self.pending_connect is not None or self.pending_publish is not None
+                or self.pending_subscribe is not None or not self._flush_now() or self._rate_delay):
             return False
         return lot.park(self)  # `_idle_since` stays NEVER_READ: unused while parked
 

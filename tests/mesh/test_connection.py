@@ -9,8 +9,9 @@ import trio.testing
 
 from clock import TrioClock
 from mesh.broker import Broker
+from mesh.client import SUBSCRIBE_SLICE
 from mesh.connection import ClientConnection
-from mqtt import (Connack, Connect, Decoder, Disconnect, Packet, Pingreq, Pingresp, Properties, Puback, Publish, ReasonCode,
+from mqtt import (Connack, Connect, Decoder, Disconnect, Packet, Pingreq, Pingresp, Properties, Puback, Publish, ReasonCode, Suback,
                   Subscribe, Subscription, encode)
 
 
@@ -119,3 +120,52 @@ async def test_a_message_queued_behind_full_windows_is_encoded_once_for_all_its_
                 assert encoded is not None and len(encoded) == 1  # one encoding, v5 QoS 1
                 await sub.send(Puback(packet_id=i + 1))
         broker.close_all(ReasonCode.SERVER_SHUTTING_DOWN)
+
+
+class _SubscriptionsPerStep(trio.abc.Instrument):
+    """How many subscriptions a session gained in each uninterrupted task step."""
+
+    def __init__(self, broker: Broker, client_id: str) -> None:
+        self.broker, self.client_id = broker, client_id
+        self.size = 0
+        self.steps: list[int] = []
+
+    def _size(self) -> int:
+        session = self.broker.sessions.get(self.client_id)
+        return len(session.subscriptions) if session is not None else 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.size = self._size()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        grown = self._size() - self.size
+        if grown:
+            self.steps.append(grown)
+
+
+async def test_a_subscribe_of_1000_filters_is_handled_a_slice_at_a_time_and_acknowledged_in_order(autojump_clock):
+    """A SUBSCRIBE of many filters does not hold the event loop for all of them (at a
+    million routes, nodes taking SUBSCRIBEs of 1,000 from 10 clients at once missed
+    their gossip probes): a slice per step; what the client sent after it is handled
+    after its SUBACK, and a publish then reaches the new subscriptions."""
+    broker = Broker()
+    watch = _SubscriptionsPerStep(broker, "big")
+    async with trio.open_nursery() as nursery:
+        peer = await _serve(nursery, broker)
+        await peer.send(Connect(client_id="big", keep_alive=0, protocol_level=5))
+        assert isinstance(await peer.recv(), Connack)
+        trio.lowlevel.add_instrument(watch)
+        try:
+            subs = tuple(Subscription(f"fleet/{i}/+", qos=0) for i in range(1000))
+            await peer.stream.send_all(encode(Subscribe(packet_id=7, subscriptions=subs), 5) + encode(Pingreq(), 5)
+                                       + encode(Publish(topic="fleet/999/x", payload=b"hi", qos=0), 5))
+            suback = await peer.recv()
+            assert isinstance(suback, Suback) and suback.packet_id == 7 and len(suback.reason_codes) == 1000
+            assert isinstance(await peer.recv(), Pingresp)
+            delivered = await peer.recv()
+            assert isinstance(delivered, Publish) and delivered.topic == "fleet/999/x"
+        finally:
+            trio.lowlevel.remove_instrument(watch)
+        assert sum(watch.steps) == 1000
+        assert max(watch.steps) <= SUBSCRIBE_SLICE  # one step of 1,000 before
+        nursery.cancel_scope.cancel()
