@@ -4,8 +4,9 @@ the takeover from a replica.
 **Owner.**  The store tells `Replication` every change of a stored session
 (`SessionStore.on_session_change`).  For a session this node owns (by the ownership
 register) and while `session_replicas` > 1, the change gets the session's next
-replication sequence number and joins the queue of each of the session's replicas
-(`placement.replicas_for` over the live members).  One sender task per replica peer
+replication sequence number and joins the outbox of each of the session's replicas
+(`placement.replicas_for` over the live members; `replication.outbox` keeps only a
+delivery's last state, the earlier ones go as no-ops).  One sender task per replica peer
 sends what its queue holds as one batch (a cluster query `repl`, on a stream of its
 own: an older node answers "unknown query" and is left out of placement), waits for
 the answer, and sends the next: group commit over the mesh.  A session new to a peer
@@ -49,6 +50,7 @@ from clock import Clock
 from clock.hlc import HlcTimestamp
 from replication import changes, orphan_wills
 from replication.changes import ChangeError, ReplicaCopy
+from replication.outbox import Outbox, Taken
 from replication.placement import ranked, replicas_for
 from routing.queries import QueryChannel, QueryFailed, QueryRefused
 from mqtt.topics import topic_matches
@@ -92,7 +94,6 @@ RESTORED_WILL_GRACE = 5.0
 HEADER_META = "repl/"
 DELIVERY_META = "repld/"
 
-_Entry = tuple[int | None, str, int, str, Any, Any]  # (epoch or None, client id, seq, kind, a, b)
 
 
 class ReplicaQueries(Protocol):
@@ -183,9 +184,9 @@ class _Tracked:
 class _Peer:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.queue: deque[_Entry] = deque()
-        # Batches sent and not yet confirmed, oldest first: (batch number, entries, sent at).
-        self.in_flight: deque[tuple[int, list[_Entry], float]] = deque()
+        self.outbox = Outbox()  # what waits to be sent
+        # Batches sent and not yet confirmed, oldest first: (batch number, what it took, sent at).
+        self.in_flight: deque[tuple[int, list[Taken], float]] = deque()
         self.wake = trio.Event()  # something queued, a batch confirmed, or the peer dropped
         self.flight = trio.Event()  # a batch sent, or the peer dropped
         self.confirmed_seq: dict[str, int] = {}  # per session: the last seq it confirmed
@@ -199,18 +200,21 @@ class _Peer:
         self.sent_delivery: dict[str, int] = {}
         self.resync_queued: set[str] = set()  # sessions whose snapshot a resync queued, not yet sent
 
-    @property
-    def sending(self) -> list[_Entry]:
-        return [e for _, batch, _ in self.in_flight for e in batch]
+    def lag(self, client_id: str) -> int:
+        """Changes of `client_id` not yet confirmed."""
+        return self.outbox.count(client_id) + sum(t.count for _, batch, _ in self.in_flight
+                                                  for t in batch if t.client_id == client_id)
 
     def oldest(self) -> int | None:
-        epochs = [e[0] for _, batch, _ in self.in_flight for e in batch if e[0] is not None]
-        epochs.extend(e[0] for e in self.queue if e[0] is not None)
+        epochs = [t.epoch for _, batch, _ in self.in_flight for t in batch if t.epoch is not None]
+        queued = self.outbox.oldest()
+        if queued is not None:
+            epochs.append(queued)
         return min(epochs) if epochs else None
 
     def dropped(self) -> None:
         self.sent_delivery.clear()
-        self.queue.clear()
+        self.outbox.clear()
         self.in_flight.clear()
         self.resync_queued.clear()
         self.generation += 1
@@ -292,7 +296,7 @@ class Replication:
                 self.store.on_session_change(None)
                 self._tracked.clear()
                 for peer in self._peers.values():
-                    peer.queue.clear()
+                    peer.outbox.clear()
             self._alive = ()  # placement again at the next round
         elif key == "session_replication" and value in ("sync", "async"):
             self.mode = str(value)
@@ -326,15 +330,19 @@ class Replication:
 
     def _add_replica(self, client_id: str, tracked: _Tracked, peer: str, epoch: int | None) -> None:
         tracked.replicas.append(peer)
-        self._enqueue(peer, (epoch, client_id, tracked.seq, "S", None, None))
+        self._enqueue(peer, epoch, client_id, tracked.seq, "S", None, None)
 
-    def _enqueue(self, peer_name: str, entry: _Entry) -> None:
+    def _peer(self, peer_name: str) -> _Peer:
         peer = self._peers.get(peer_name)
         if peer is None:
             peer = self._peers[peer_name] = _Peer(peer_name)
             if self._nursery is not None:
                 self._nursery.start_soon(self._send_loop, peer)
-        peer.queue.append(entry)
+        return peer
+
+    def _enqueue(self, peer_name: str, epoch: int | None, client_id: str, seq: int, kind: str, a: Any, b: Any) -> None:
+        peer = self._peer(peer_name)
+        peer.outbox.add(epoch, client_id, seq, kind, a, b)
         peer.wake.set()
 
     def _change(self, client_id: str, kind: str, a: object, b: object) -> None:
@@ -345,7 +353,7 @@ class Replication:
         epoch = self.store.write_epoch
         self.stats.changes += 1
         for peer in tracked.replicas:
-            self._enqueue(peer, (epoch, client_id, tracked.seq, kind, a, b))
+            self._enqueue(peer, epoch, client_id, tracked.seq, kind, a, b)
         if tracked.replicas and self._floor is None and self.mode == "sync":
             self._update_floor()
 
@@ -367,7 +375,25 @@ class Replication:
         self._change(client_id, "s", topic_filter, options)
 
     def delivery_changed(self, client_id: str, delivery: Delivery, state: int) -> None:
-        self._change(client_id, "d", delivery, state)
+        # `_change` written out: this runs for every change of every delivery (two or
+        # three per message), and a replica's outbox keeps only its last state.
+        tracked = self._tracked.get(client_id)
+        if tracked is None:
+            tracked = self._track(client_id)
+            if tracked is None:
+                return
+        replicas = tracked.replicas
+        if not replicas:
+            return
+        tracked.seq = seq = tracked.seq + 1
+        epoch = self.store.write_epoch
+        self.stats.changes += 1
+        for name in replicas:
+            peer = self._peer(name)
+            peer.outbox.add_delivery(epoch, client_id, seq, delivery, state)
+            peer.wake.set()
+        if self._floor is None and self.mode == "sync":
+            self._update_floor()
 
     def qos2_in_changed(self, client_id: str, packet_id: int, present: bool) -> None:
         self._change(client_id, "q", packet_id, present)
@@ -381,8 +407,7 @@ class Replication:
             record = self._wills[client_id] = records.encode_will(will, due_at)
         self._change(client_id, "w", None if will is None else record, None)
 
-    def _encode(self, entry: _Entry) -> list[object] | None:
-        _, client_id, seq, kind, a, b = entry
+    def _encode(self, client_id: str, seq: int, kind: str, a: Any, b: Any) -> list[object] | None:
         if kind == "d":
             return changes.delivery_change(seq, a, b)
         if kind == "m":
@@ -429,7 +454,7 @@ class Replication:
 
     def lag(self) -> int:
         """Changes not yet confirmed by their replicas (the async mode's lag)."""
-        return sum(len(p.queue) + sum(len(b) for _, b, _ in p.in_flight) for p in self._peers.values())
+        return sum(len(p.outbox) + sum(t.count for _, b, _ in p.in_flight for t in b) for p in self._peers.values())
 
     async def _send_loop(self, peer: _Peer) -> None:
         """Send what is queued for one replica: over a channel (one stream kept open,
@@ -437,7 +462,7 @@ class Replication:
         one, else one `repl` query at a time (an older replica; and the first batch,
         whose answer says)."""
         while True:
-            while not peer.queue:
+            while not peer.outbox:
                 peer.wake = trio.Event()
                 await peer.wake.wait()
             if faults.ACK_BEFORE_REPLICA:
@@ -478,7 +503,7 @@ class Replication:
 
         async def send() -> None:
             while peer.generation == generation:
-                if not peer.queue or len(peer.in_flight) >= MAX_IN_FLIGHT:
+                if not peer.outbox or len(peer.in_flight) >= MAX_IN_FLIGHT:
                     peer.wake = trio.Event()
                     await peer.wake.wait()
                     continue
@@ -541,74 +566,78 @@ class Replication:
             peer.channel_ok = False
             self._replace(peer, failed[0])
 
-    def _next_batch(self, peer: _Peer, compact: bool = False) -> tuple[int, list[_Entry], list[list[object]]]:
-        """Take up to `MAX_BATCH` queued changes: (batch number, the entries, the request).
-        `compact` (a channel: the replica is of a version that reads it): no-ops in a
-        row go as one skip."""
+    def _next_batch(self, peer: _Peer, compact: bool = False) -> tuple[int, list[Taken], list[list[object]]]:
+        """Take about `MAX_BATCH` queued changes: (batch number, what it took, the request).
+        Each delivery goes in its last state (`replication.outbox`), the sequence
+        numbers between as no-ops: a subscriber that keeps up costs a replica next to
+        nothing.  `compact` (a channel: the replica is of a version that reads it):
+        no-ops in a row go as one skip."""
         peer.batches += 1
         number = peer.batches
-        batch: dict[str, list[list[object]]] = {}
-        order: list[str] = []
-        snapped: dict[str, int] = {}
-        taken: list[_Entry] = []
-        while peer.queue and len(taken) < MAX_BATCH:
-            taken.append(peer.queue.popleft())
-        # A delivery changed again later in the batch (queued, sent, acknowledged):
-        # only its last state is sent, the earlier ones as no-ops (the sequence
-        # stays gapless); gone by now and never sent, it is all no-ops.  A subscriber
-        # that keeps up costs a replica next to nothing.
-        last: dict[tuple[str, int], int] = {}
-        for i, entry in enumerate(taken):
-            if entry[3] == "d":
-                last[(entry[1], entry[4].seq)] = i
+        taken = peer.outbox.take(MAX_BATCH, compact)
         sent_delivery = peer.sent_delivery
-        runs: dict[str, tuple[int, int]] = {}  # session -> (first seq, count)
-        for i, entry in enumerate(taken):
-            cid, seq, kind = entry[1], entry[2], entry[3]
-            if cid in snapped and seq <= snapped[cid] and kind != "S":
-                continue  # the snapshot sent in this batch has it
-            change: list[object] | None
-            if kind == "d":
-                dseq = entry[4].seq
-                if last[(cid, dseq)] != i or (entry[5] == NO_RECORD and dseq > sent_delivery.get(cid, 0)):
-                    change = changes.noop_change(seq)
-                else:
-                    change = self._encode(entry)
-                    if entry[5] != NO_RECORD and dseq > sent_delivery.get(cid, 0):
-                        sent_delivery[cid] = dseq
-            else:
-                change = self._encode(entry)
-            if change is None:
-                continue
-            if kind == "S":
-                snapped[cid] = self._tracked[cid].seq
-                peer.snapshot_in[cid] = number
-                peer.resync_queued.discard(cid)
-                session = self.broker.sessions.get(cid)
-                sent_delivery[cid] = session.next_seq - 1 if session is not None else 0
-            changes_of = batch.get(cid)
-            if changes_of is None:
-                changes_of = batch[cid] = []
-                order.append(cid)
-            if compact and change[1] == "n":
-                run = runs.get(cid)  # the no-ops in a row that end this session's changes so far
-                if run is not None and run[0] + run[1] == seq:
-                    runs[cid] = (run[0], run[1] + 1)
-                    changes_of[-1] = changes.skip_change(run[0], run[1] + 1)
-                    continue
-                runs[cid] = (seq, 1)
-            else:
-                runs.pop(cid, None)
-            changes_of.append(change)
-        return number, taken, [[cid, self._stamp(cid), batch[cid]] for cid in order]
+        request: list[list[object]] = []
+        for part in taken:
+            cid = part.client_id
+            out: list[list[object]] = []
+            previous = part.first - 1  # the last sequence number accounted for
+            run_first = run = 0  # the no-ops in a row that end `out` (compact: one skip)
+            snapped: int | None = None  # a snapshot sent here: the number it stands at
 
-    def _confirmed(self, peer: _Peer, number: int, taken: list[_Entry], reply: object) -> None:
+            def noops(first: int, last: int) -> None:
+                """No-ops for `first` .. `last` (a delivery's earlier states)."""
+                nonlocal run, run_first
+                if last < first:
+                    return
+                if not compact:
+                    out.extend(changes.noop_change(seq) for seq in range(first, last + 1))
+                elif run and run_first + run == first:
+                    run += last - first + 1
+                    out[-1] = changes.skip_change(run_first, run)
+                else:
+                    run_first, run = first, last - first + 1
+                    out.append(changes.noop_change(first) if run == 1 else changes.skip_change(first, run))
+
+            for seq, kind, a, b in part.items:
+                if snapped is not None and seq <= snapped:
+                    continue  # the snapshot sent in this batch has it
+                if kind == "d":
+                    dseq = a.seq
+                    if b == NO_RECORD and dseq > sent_delivery.get(cid, 0):
+                        # Gone before the replica ever had it: nothing to delete there.
+                        noops(previous + 1, seq)
+                        previous = max(previous, seq)
+                        continue
+                    if b != NO_RECORD and dseq > sent_delivery.get(cid, 0):
+                        sent_delivery[cid] = dseq
+                change = self._encode(cid, seq, kind, a, b)
+                if change is None:
+                    continue
+                if kind == "S":
+                    snapped = self._tracked[cid].seq
+                    peer.snapshot_in[cid] = number
+                    peer.resync_queued.discard(cid)
+                    session = self.broker.sessions.get(cid)
+                    sent_delivery[cid] = session.next_seq - 1 if session is not None else 0
+                    out.append(change)
+                    run = 0
+                    previous = max(previous, snapped)
+                    continue
+                noops(previous + 1, seq - 1)
+                out.append(change)
+                run = 0
+                previous = max(previous, seq)
+            if out:
+                request.append([cid, self._stamp(cid), out])
+        return number, taken, request
+
+    def _confirmed(self, peer: _Peer, number: int, taken: list[Taken], reply: object) -> None:
         """The replica has batch `number` on its disk (and says which sessions it needs
         a snapshot of, and which another node owns now)."""
         self.stats.batches += 1
-        for entry in taken:
-            if entry[1] in self._tracked:
-                peer.confirmed_seq[entry[1]] = max(entry[2], peer.confirmed_seq.get(entry[1], 0))
+        for part in taken:
+            if part.client_id in self._tracked:
+                peer.confirmed_seq[part.client_id] = max(part.last, peer.confirmed_seq.get(part.client_id, 0))
         resync, stale = _reply_lists(reply)
         for cid in stale:
             self.stats.refused_stale += 1
@@ -621,8 +650,8 @@ class Replication:
                     or peer.snapshot_in.get(cid, 0) > number:
                 continue
             self.stats.resyncs += 1
-            epochs = [e[0] for e in taken if e[1] == cid and e[0] is not None]
-            peer.queue.appendleft((min(epochs) if epochs else None, cid, tracked.seq, "S", None, None))
+            epochs = [t.epoch for t in taken if t.client_id == cid and t.epoch is not None]
+            peer.outbox.snapshot_first(min(epochs) if epochs else None, cid, tracked.seq)
             peer.resync_queued.add(cid)
         self._update_floor()
 
@@ -667,7 +696,7 @@ class Replication:
             for peer in [p for p in tracked.replicas if p not in wanted]:
                 tracked.replicas.remove(peer)
                 if peer in candidates:
-                    self._enqueue(peer, (None, cid, tracked.seq, "x", None, None))
+                    self._enqueue(peer, None, cid, tracked.seq, "x", None, None)
             for peer in wanted:
                 if peer not in tracked.replicas:
                     if not self._may_start(cid):
@@ -728,7 +757,7 @@ class Replication:
         self._budget = min(self._budget + self.bandwidth * HOUSEKEEPING_INTERVAL, float(self.bandwidth) * HOUSEKEEPING_INTERVAL)
         alive = self._alive_set()
         for name, peer in list(self._peers.items()):
-            if name not in alive and (peer.queue or peer.in_flight or any(name in t.replicas for t in self._tracked.values())):
+            if name not in alive and (peer.outbox or peer.in_flight or any(name in t.replicas for t in self._tracked.values())):
                 self._drop_peer(peer, "left the live members")
         self._track_untracked()
         self._place()
@@ -1205,7 +1234,7 @@ class Replication:
             replicas = []
             for p in tracked.replicas:
                 peer = self._peers.get(p)
-                lag = 0 if peer is None else sum(1 for e in (*peer.sending, *peer.queue) if e[1] == client_id)
+                lag = 0 if peer is None else peer.lag(client_id)
                 replicas.append({"node": p, "seq": peer.confirmed_seq.get(client_id) if peer else None, "lag": lag})
             out["replicas"] = replicas
             out["under_replicated"] = len(tracked.replicas) < self.copies - 1
