@@ -2,8 +2,12 @@
 """Do two versions of meshd still form one cluster? Runs real nodes of an older commit
 and of this tree side by side on 127.0.0.1 and checks what crosses the wire between
 them: membership (SWIM over UDP), route sync, forwarded publishes (mesh links),
-session handoff, in both directions, and a stream replay on a new node (the older
-nodes, which do not know the `stream_read` query, hold no part of it).
+session handoff, in both directions, a stream replay on a new node (the older
+nodes, which do not know the `stream_read` query, hold no part of it), and session
+replication beside nodes that predate it (the new node, with `session_replicas` 2 in
+`sync` mode, can place no copy on them: its persistent session runs under-replicated,
+and every message acknowledged for it is delivered, none waiting for a copy that
+cannot be).
 
     python scripts/compat_check.py                  # against OLD_DEFAULT
     python scripts/compat_check.py --old v0.1.0     # any commit, tag or branch
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -79,6 +84,18 @@ class Node:
     def members(self) -> dict[str, str]:
         status, body = request_json(f"127.0.0.1:{self.http}", "GET", "/api/v1/members")
         return {m["id"]: m["state"] for m in body["members"]} if status == 200 else {}
+
+    def metric(self, name: str) -> float | None:
+        """One unlabelled sample of the node's /metrics, or None when it has none."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return None
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
 
     def routes(self) -> dict[str, set[str]]:
         status, body = request_json(f"127.0.0.1:{self.http}", "GET", "/api/v1/routes")
@@ -140,6 +157,40 @@ def handoff(first: Node, second: Node, nodes: list[Node], tag: str) -> None:
     again.disconnect()
 
 
+def replication_beside_older(new: Node, old: Node, nodes: list[Node]) -> None:
+    """A persistent session on the new node (2 copies, `sync`) while every other member
+    predates replication: 50 QoS 1 messages published on an older node are each
+    acknowledged within a second (an acknowledgement waits for no copy that cannot be
+    made), the session is counted under-replicated, and the client back on the new node
+    gets all 50 in order."""
+    client_id = "repl-compat"
+    sub = Client(client_id, version=5, clean=False)
+    sub.connect(new.mqtt, expiry=3600)
+    sub.subscribe("repl/compat/#", 1)
+    for n in nodes:
+        wait_for(lambda n=n: n.routes().get("repl/compat/#") == {new.name}, TIMEOUT,
+                 f"{n.name} routes repl/compat/# to {new.name}")
+    sub.disconnect()
+    pub = Client("pub-repl-compat", version=4)
+    pub.connect(old.mqtt)
+    slowest = 0.0
+    for i in range(50):
+        started = time.monotonic()
+        pub.publish(f"repl/compat/{i}", str(i).encode(), qos=1)
+        slowest = max(slowest, time.monotonic() - started)
+    pub.disconnect()
+    assert slowest < 1.0, f"a PUBACK took {slowest:.2f} s: it waited for a copy on an older node"
+    # This session and the ones handed to the new node before count.
+    wait_for(lambda: (new.metric("meshd_replication_under_replicated_sessions") or 0) >= 1, TIMEOUT,
+             f"{new.name} counts the session under-replicated")
+    again = Client(client_id, version=5, clean=False)
+    flags, _, _ = again.connect(new.mqtt, expiry=3600)
+    assert flags.session_present, "session lost"
+    got = [int(m.payload) for m in again.expect(50)]
+    assert got == list(range(50)), f"queue {got}"
+    again.disconnect()
+
+
 def query_older(new: Node, older: list[Node]) -> None:
     """A cluster-wide question asked on a new node: the older ones, which know no cluster
     queries, are named missing (and, as the forward checks after this one show, their
@@ -192,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             a = Node("old-a", work / "old", work, seed=None)
             nodes.append(a)
-            b = Node("new-b", ROOT, work, seed=a.gossip, extra=("--streams", '[{"filter": "compat/stream/#"}]'))
+            b = Node("new-b", ROOT, work, seed=a.gossip, extra=("--streams", '[{"filter": "compat/stream/#"}]',
+                                                               "--session-replicas", "2", "--session-replication", "sync"))
             nodes.append(b)
             c = Node("old-c", work / "old", work, seed=b.gossip)
             nodes.append(c)
@@ -206,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("forward QoS 1: old -> new", lambda: forward(c, b, nodes, "o2n")),
                 ("session handoff: old -> new", lambda: handoff(a, b, nodes, "o2n")),
                 ("session handoff: new -> old", lambda: handoff(b, c, nodes, "n2o")),
+                ("replication on new beside older nodes: degraded, nothing lost",
+                 lambda: replication_beside_older(b, a, nodes)),
             ]
             for name, check in checks:
                 started = time.monotonic()
