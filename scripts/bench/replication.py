@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,23 @@ def du(path: str) -> int:
             except OSError:
                 continue  # removed by a compaction during the walk
     return total
+
+
+REPL_COUNTERS = ("changes", "batches", "applied", "snapshots", "resyncs", "replaced")
+
+
+def replication_counters(node: MeshdProcess) -> dict[str, float]:
+    """The node's replication counters (`meshd_replication_<name>_total`): how many
+    changes, batches and snapshots the run took (per message, what a copy costs)."""
+    host, port = node.http_addr.rsplit(":", 1)
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in REPL_COUNTERS:
+            if line.startswith(f"meshd_replication_{name}_total "):
+                out[name] = float(line.split()[1])
+    return out
 
 
 def start(workdir: str, replicas: str, mode: str) -> list[MeshdProcess]:
@@ -195,6 +213,7 @@ def one_run(config: str, seconds: float, publishers: int, window: int,
             acked = sum(p.acked for p in pubs)
             lat = sorted(x for p in pubs for x in p.latencies)
             disk = {n.node_id: du(os.path.join(n.data_dir, "sessions")) for n in nodes}
+            repl = {n.node_id: replication_counters(n) for n in nodes[:2]}
         finally:
             for n in nodes:
                 n.__exit__()
@@ -204,6 +223,7 @@ def one_run(config: str, seconds: float, publishers: int, window: int,
             "cpu_ms_per_1000": round(cpu / max(acked, 1) * 1e6, 1),
             "node_cpu_ms_per_1000": {k: round(v / max(acked, 1) * 1e6, 1) for k, v in per_node.items()},
             "disk_bytes": disk,
+            "replication": repl,
             "loadavg": os.getloadavg()[0]}
 
 
