@@ -1136,7 +1136,7 @@ class Broker:
         return len(self.connections)
 
     def subscription_count(self) -> int:
-        return sum(len(s.subscriptions) for s in self.sessions.values())
+        return sum(s.subscription_count for s in self.sessions.values())
 
 
 def _skip_holders(sessions: Mapping[str, Session], key: tuple[str | None, int],

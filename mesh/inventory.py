@@ -158,8 +158,8 @@ def client_row(node_id: str, session: Session, conn: ClientPort | None) -> dict[
         "keepalive": conn.keep_alive if conn is not None else None,
         "connected_at": _iso(session.connected_at) if conn is not None else None,
         "disconnected_at": _iso(session.disconnected_at) if conn is None else None,
-        "subscriptions_cnt": len(session.subscriptions),
-        "inflight_cnt": len(session.inflight),
+        "subscriptions_cnt": session.subscription_count,
+        "inflight_cnt": session.inflight_count,
         "mqueue_len": session.queued,
         "mqueue_dropped": session.dropped,
     }

@@ -25,7 +25,7 @@ HISTORY_SECONDS = 600.0  # the chart's width: the last ten minutes
 
 class SessionCounts(Protocol):
     @property
-    def inflight(self) -> Mapping[int, object]: ...
+    def inflight_count(self) -> int: ...
     @property
     def queued(self) -> int: ...
 
@@ -116,7 +116,7 @@ def node_totals(broker: StatsBroker, store: StatsStore) -> dict[str, int]:
         "connected_clients": broker.client_count(),
         "sessions": len(broker.sessions),
         "subscriptions": broker.subscription_count(),
-        "inflight": sum(len(session.inflight) for session in sessions),
+        "inflight": sum(session.inflight_count for session in sessions),
         "queued": sum(session.queued for session in sessions),
         "messages_in_total": sum(b.messages_in),
         "messages_out_total": sum(b.messages_out),

@@ -30,6 +30,7 @@ from mesh.flusher import Flusher
 
 _ARM = select.EPOLLIN | select.EPOLLONESHOT
 _MAX_EVENTS = 512
+COMPACT_AT = 256  # stale heap entries below this many are left to expire
 
 
 class Parkable(Protocol):
@@ -63,6 +64,11 @@ class ParkingLot:
         # deadline equals conn._heap_at (later deadlines are re-pushed when popped).
         self._heap: list[tuple[float, int, Parkable]] = []
         self._seq = itertools.count()
+        # Entries left behind by connections whose deadline went to `inf` while one was
+        # in the heap (the CONNECT timeout's, once a client without keep alive is in).
+        # They would stay until that deadline passes, ~130 bytes each (the tuple, its
+        # float and int): once they are half the heap it is rebuilt without them.
+        self._stale = 0
         self._wait_scope: trio.CancelScope | None = None  # while run() waits
         self.stopped = False
 
@@ -119,7 +125,19 @@ class ParkingLot:
             scope = self._wait_scope
             if scope is not None and deadline < scope.deadline:
                 scope.deadline = deadline  # the waiting loop must wake earlier
+        elif deadline == math.inf and conn._heap_at != math.inf:
+            conn._heap_at = math.inf  # its entry is stale now (skipped when popped)
+            self._stale += 1
+            if self._stale > COMPACT_AT and 2 * self._stale > len(self._heap):
+                self._compact()
         return True
+
+    def _compact(self) -> None:
+        """Drop the heap's stale entries (in place: `run` holds the list)."""
+        heap = self._heap
+        heap[:] = [entry for entry in heap if entry[2]._heap_at == entry[0]]
+        heapq.heapify(heap)
+        self._stale = 0
 
     def unpark(self, conn: Parkable) -> bool:
         """Take `conn` out (e.g. to close it); False when it was not parked. Its one-shot
@@ -177,6 +195,7 @@ class ParkingLot:
         self._parked.clear()
         self._count = 0
         self._heap.clear()
+        self._stale = 0
         for conn in left:
             conn._heap_at = math.inf
         trio.lowlevel.notify_closing(self._epoll.fileno())  # a waiting run() gets ClosedResourceError

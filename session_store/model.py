@@ -205,6 +205,19 @@ class Session:
         return qos2_in
 
     @property
+    def subscription_count(self) -> int:
+        """How many subscriptions it holds (without creating the dict: a count taken over
+        every session, as $SYS does every 10 s, must not give each idle one a dict)."""
+        subscriptions = self._subscriptions
+        return len(subscriptions) if subscriptions is not None else 0
+
+    @property
+    def inflight_count(self) -> int:
+        """How many messages are in flight (without creating the dict)."""
+        inflight = self._inflight
+        return len(inflight) if inflight is not None else 0
+
+    @property
     def queued(self) -> int:
         """How many deliveries wait in the queue (without creating it)."""
         queue = self._queue

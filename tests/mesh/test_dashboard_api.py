@@ -85,6 +85,12 @@ def test_node_reports_inflight_queued_store_size_and_route_versions(node):
     status, body = request_json(addr, "GET", "/api/v1/config")
     assert "max_inflight" in body["cluster_keys"] and "data_dir" not in body["cluster_keys"]
 
+    # Counting over every session (this page, $SYS every 10 s, the clients list) gives
+    # an idle session neither a subscriptions nor an inflight dict (64 bytes each).
+    assert request_json(addr, "GET", "/api/v1/clients")[0] == 200
+    idle = node.call(lambda: node.node.broker.sessions["pub"])
+    assert idle._subscriptions is None and idle._inflight is None
+
 
 def sample(t: float, m_in: int, m_out: int, records: int) -> Sample:
     return Sample(t, m_in, m_out, records, records // 2)

@@ -15,6 +15,7 @@ import trio.testing
 import clock
 
 import mesh.parked
+import mesh.parking
 from mqtt import Connect, Disconnect, Pingreq, Pingresp, Publish, Subscribe, Subscription, encode
 from mesh.parking import ParkingLot
 from tests.mesh.test_broker_raw import Raw, recv_until_close
@@ -207,6 +208,45 @@ async def test_lot_hands_over_readable_sockets_and_due_deadlines(autojump_clock)
     finally:
         for s in (a, a_peer, b, b_peer, c, _c_peer):
             s.close()
+
+
+async def test_entries_of_deadlines_gone_to_inf_leave_the_heap(autojump_clock, monkeypatch):
+    # Clients parked before their CONNECT (its timeout in the heap) and parked again
+    # once in with no keep alive: their entries are dropped once they are half the
+    # heap, not held until the CONNECT timeout passes.
+    monkeypatch.setattr(mesh.parking, "COMPACT_AT", 3)
+    lot = ParkingLot(clock.TrioClock())
+    pairs = [socket.socketpair() for _ in range(10)]
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lot.run)
+            t0 = trio.current_time()
+            fakes = [_Fake(a, deadline=t0 + 10) for a, _ in pairs]
+            for fake in fakes:
+                lot.park(fake)
+            assert len(lot._heap) == 10
+            for fake in fakes[:7]:  # their CONNECT came: keep alive 0, no deadline
+                assert lot.unpark(fake)
+                fake.deadline = math.inf
+                lot.park(fake)
+            # Rebuilt at the 6th stale entry (more than 3, and more than half of 10): the
+            # 3 live ones and the 7th, stale, are left.
+            assert len(lot._heap) == 4
+            # One of them gets a deadline again (keep alive set by a later CONNECT): honoured.
+            assert lot.unpark(fakes[0])
+            fakes[0].deadline = t0 + 5
+            lot.park(fakes[0])
+            await trio.sleep(20)
+            assert fakes[0].events == [("deadline", pytest.approx(t0 + 5))]
+            assert [f.events[0] for f in fakes[7:]] == [("deadline", pytest.approx(t0 + 10))] * 3
+            assert all(not f.events for f in fakes[1:7])  # parked, with no deadline
+            assert not lot._heap
+            lot.stop()
+            nursery.cancel_scope.cancel()
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
 
 
 @pytest.fixture
