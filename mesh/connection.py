@@ -262,10 +262,15 @@ class ClientConnection(Client):
     async def _subscribe_sliced(self, p: Subscribe) -> None:
         """A big SUBSCRIBE, a slice of its filters per step with a checkpoint between
         (gossip answers its probes meanwhile); the reader reads nothing more until the
-        SUBACK is out, so order holds."""
+        SUBACK is out, so order holds. Shielded: the reader's scope may have fired
+        meanwhile (a park deadline passes on a starved node; setting it again does not
+        undo that), and a SUBSCRIBE cut off there left it half-taken and the packets
+        read with it in the machine of a connection that then parked waiting for bytes
+        that never came (a bounded step: at most a SUBSCRIBE's filters)."""
         self.pending_subscribe = None
-        for _ in self.subscribe_steps(p, self.clock.wall()):
-            await trio.sleep(0)
+        with trio.CancelScope(shield=True):
+            for _ in self.subscribe_steps(p, self.clock.wall()):
+                await trio.sleep(0)
 
     async def _handshake(self, c: Connect) -> bool:
         """The CONNECT's steps (`mesh.client`), awaiting where a step must: the password

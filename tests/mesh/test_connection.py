@@ -169,3 +169,43 @@ async def test_a_subscribe_of_1000_filters_is_handled_a_slice_at_a_time_and_ackn
         assert sum(watch.steps) == 1000
         assert max(watch.steps) <= SUBSCRIBE_SLICE  # one step of 1,000 before
         nursery.cancel_scope.cancel()
+
+
+
+class _JumpWhenWoken(trio.abc.Instrument):
+    """Once armed, moves the clock on when a task is woken (the reader, by the bytes
+    sent): its deadline passes while it waits to run, as on a starved node."""
+
+    def __init__(self, clock: trio.testing.MockClock, by: float) -> None:
+        self.clock, self.by = clock, by
+        self.armed = self.jumped = False
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if self.armed and task is not trio.lowlevel.current_task():
+            self.armed, self.jumped = False, True
+            self.clock.jump(self.by)
+
+
+async def test_a_subscribe_in_slices_is_finished_when_the_readers_deadline_passed_meanwhile(autojump_clock):
+    """The reader's scope fired while it waited to run with a big SUBSCRIBE read: the
+    SUBSCRIBE is handled whole and acknowledged before the connection goes on (a
+    slice cut off there left it half taken, and a parked connection then waited for
+    bytes that never came, the rest of what it had read still in its machine:
+    route_convergence --preload stalled with every node idle)."""
+    broker = Broker()
+    async with trio.open_nursery() as nursery:
+        peer = await _serve(nursery, broker)
+        await peer.send(Connect(client_id="big", keep_alive=10, protocol_level=5))
+        assert isinstance(await peer.recv(), Connack)
+        jump = _JumpWhenWoken(autojump_clock, 16)  # past the keep alive's 15 s
+        trio.lowlevel.add_instrument(jump)
+        try:
+            subs = tuple(Subscription(f"fleet/{i}/+", qos=0) for i in range(1000))
+            jump.armed = True
+            await peer.send(Subscribe(packet_id=7, subscriptions=subs))
+            suback = await peer.recv()
+        finally:
+            trio.lowlevel.remove_instrument(jump)
+        assert jump.jumped
+        assert isinstance(suback, Suback) and len(suback.reason_codes) == 1000
+        assert await peer.recv() == Disconnect(reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT)
