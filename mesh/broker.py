@@ -215,6 +215,10 @@ class Broker:
         # Restored wills that were due at the start, held for `restore`'s grace: a
         # reconnect sends them instead of cancelling them.
         self._restored_due: set[str] = set()
+        # The timer token of each will `restore` brought back: `cancel_will` cancels only
+        # that will (a replica may say so long after, when the client's new connection
+        # has a will of its own pending).
+        self._restored_wills: dict[str, int] = {}
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
@@ -389,9 +393,12 @@ class Broker:
     def cancel_will(self, client_id: str) -> bool:
         """A pending will that another node sent already (this node's, restored after a
         crash): it does not go.  Whether one was pending."""
-        self._restored_due.discard(client_id)
-        if self._pending_wills.pop(client_id, None) is None:
+        restored = self._restored_wills.pop(client_id, None)
+        pending = self._pending_wills.get(client_id)
+        if pending is None or pending[0] != restored:
             return False
+        self._restored_due.discard(client_id)
+        del self._pending_wills[client_id]
         session = self.sessions.get(client_id)
         if session is not None and session.stored:
             self.store.delete_will(client_id)
@@ -915,6 +922,7 @@ class Broker:
                     due = now + will_grace
                 token = next(self._timer_seq)
                 self._pending_wills[stored.client_id] = (token, will)
+                self._restored_wills[stored.client_id] = token
                 self._add_timer(due, "will", stored.client_id, token)
             deadline = session.expires_at()
             if self.mesh is not None and deadline is not None and deadline <= now:

@@ -143,6 +143,10 @@ class ReplicaCopy:
     deliveries: dict[int, list[object]] = field(default_factory=dict)  # delivery seq -> [state, delivery]
     qos2_in: set[int] = field(default_factory=set)
     will: bytes | None = None  # the will record (`records.encode_will`)
+    # This node sent the will (the owner dead, its client gone) and has not yet told the
+    # owner, which must not send it again when it is back: kept on disk with the copy,
+    # so a restart of this node does not forget it.
+    will_sent: bool = False
 
     def header(self) -> dict[str, object]:
         """Everything but the deliveries (a replica stores those one record each)."""
@@ -151,6 +155,8 @@ class ReplicaCopy:
                   "sub": [[f, o] for f, o in sorted(self.subscriptions.items())], "q2": sorted(self.qos2_in)}
         if self.will is not None:
             header["w"] = self.will
+        if self.will_sent:
+            header["ws"] = 1  # a key an older version reads past
         return header
 
     @classmethod
@@ -161,7 +167,7 @@ class ReplicaCopy:
             return cls(client_id, str(header["o"]), int(header["s"]), header.get("h"), int(header["x"]),
                        int(header["l"]), None if header["d"] is None else float(header["d"]), int(header["n"]),
                        {str(f): o for f, o in header["sub"]}, {}, {int(p) for p in header["q2"]},
-                       _will_record(header.get("w")))
+                       _will_record(header.get("w")), bool(header.get("ws")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ChangeError(f"bad replica header: {exc}") from None
 

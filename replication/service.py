@@ -785,6 +785,9 @@ class Replication:
                 copy = self.copies_held.get(cid)
                 if copy is not None and dseq.isdigit() and isinstance(value, list) and len(value) == 2:
                     copy.deliveries[int(dseq)] = value
+        for cid, copy in self.copies_held.items():
+            if copy.will_sent:  # sent before this restart: its owner is still to be told
+                self._wills_sent[cid] = copy.owner
 
     def _persist(self, cid: str, applied: changes.Applied) -> None:
         store = self.store
@@ -862,6 +865,8 @@ class Replication:
             if applied.copy is None:
                 self.copies_held.pop(cid, None)
             else:
+                if copy is not None and copy.will_sent and applied.copy is not copy and applied.copy.owner == copy.owner:
+                    applied.copy.will_sent = True  # a snapshot from the owner: it is still to be told
                 self.copies_held[cid] = applied.copy
             self._persist(cid, applied)
             if applied.resync:
@@ -938,9 +943,13 @@ class Replication:
         the session's rendezvous order that holds a copy sends it, once."""
         wall, now = self.clock.wall(), self.clock.now()
         for member in alive:
+            first_seen = member not in self._seen_alive
             self._seen_alive.add(member)
-            if self._dead_since.pop(member, None) is not None and self._nursery is not None:
-                # Back: the wills this node sent for it must not go again from its store.
+            back = self._dead_since.pop(member, None) is not None
+            if (back or first_seen) and self._wills_sent and self._nursery is not None:
+                # Back (or seen for the first time since this node's start, which may
+                # have come while it was down): the wills this node sent for it must
+                # not go again from its store.
                 for cid, owner in list(self._wills_sent.items()):
                     if owner == member:
                         self._nursery.start_soon(self._tell_owner_will_sent, member, cid)
@@ -1000,6 +1009,7 @@ class Replication:
                 return
             will, _ = records.decode_will(copy.will)
             copy.will = None  # before it leaves: a takeover from this copy now finds no will
+            copy.will_sent = True  # on disk with it: a restart of this node still tells the owner
             self.store.put_meta(HEADER_META + cid, copy.header())
             self.broker.publish_will(cid, will, self.clock.wall())
             self._wills_sent[cid] = owner
@@ -1032,6 +1042,10 @@ class Replication:
             return  # an older owner, or gone again: asked again when it is back
         if self._wills_sent.get(cid) == owner:
             del self._wills_sent[cid]
+        copy = self.copies_held.get(cid)
+        if copy is not None and copy.owner == owner and copy.will_sent:
+            copy.will_sent = False
+            self.store.put_meta(HEADER_META + cid, copy.header())
 
     async def _answer_nowill(self, peer: str, args: Mapping[str, Any]) -> object:
         """The will of a session another member sent: its copy here, or (the owner back

@@ -187,3 +187,40 @@ def test_the_old_owner_back_from_the_dead_does_not_send_the_will_again() -> None
         assert moved.connected
 
     sim(scenario, session_replicas=2)
+
+
+def test_a_replica_restarted_after_sending_the_will_still_tells_the_returning_owner() -> None:
+    """The replica sends the will of a client that never came back, then restarts
+    itself; the old owner comes back after that with the will in its store.  The
+    replica kept on disk that it sent the will (its copy's mark), tells the owner when it
+    sees it, and the will goes once."""
+
+    async def scenario(c: SimCluster) -> None:
+        replica = replicas_for("lost", "n0", c.node_ids, 2)[0]
+        elsewhere = next(n for n in c.node_ids if n not in ("n0", replica))
+        watcher = await c.connect(elsewhere, "watcher")
+        await watcher.subscribe("wills/#", 1)
+        await wait_route(c, "wills/#", {elsewhere})
+        lost = await c.connect("n0", "lost", clean_start=False, session_expiry=EXPIRY, will=will("wills/lost", b"lost"))
+        await known_everywhere(c, "lost")
+        await c.wait_for(lambda: (copy := replication(c, replica).copies_held.get("lost")) is not None
+                         and copy.will is not None, 10, "the will on the replica")
+        assert lost.connected
+        await c.kill("n0")
+        await wait_dead(c, "n0")
+        await c.wait_for(lambda: watcher.payloads("wills/lost") == [b"lost"], 10, "the will, from the replica")
+        store = c.running(replica).store
+        written = store.write_epoch
+        await c.wait_for(lambda: store.local_durable_epoch >= written, 10, "the replica's mark on its disk")
+        await c.kill(replica)
+        await c.restart(replica)
+        await c.wait_for(lambda: replica in c.alive_nodes() and "lost" in replication(c, replica).copies_held, 10,
+                         "the replica back with its copy")
+        await c.restart("n0")
+        await c.wait_converged(timeout=60)
+        await c.run_for(30.0)  # well past the 5 s the owner holds a restored will
+        assert watcher.payloads("wills/lost") == [b"lost"]
+        copy = replication(c, replica).copies_held.get("lost")
+        assert copy is None or not copy.will_sent  # told: the mark is gone
+
+    sim(scenario, session_replicas=2)
