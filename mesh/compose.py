@@ -168,7 +168,8 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     replication = Replication(node_id=node_id, copies=settings.session_replicas, mode=settings.session_replication,
                               store=store, broker=broker, queries=queries, members=gossip, clock=clock,
                               recovered_meta=recovered.meta, bandwidth=settings.replication_bandwidth,
-                              recovered_wills={cid: s.will for cid, s in recovered.sessions.items() if s.will is not None})
+                              recovered_wills={cid: s.will for cid, s in recovered.sessions.items() if s.will is not None},
+                              sides=partition_view)
     cluster = Cluster(
         node_id=node_id, port=mesh, broker=broker, store=store, gossip=gossip, trace=trace,
         cluster_name=settings.cluster_name, clock=clock, rng=_child(rng),

@@ -287,6 +287,27 @@ class PartitionDetector:
         p = self._where.get(member)
         return p is not None and member not in p.returned
 
+    def lost_to_majority(self, member: str, now: float) -> bool:
+        """Is ``member`` lost as the side holding the majority sees it, with this node on
+        that side?  Only then may this node act for it as for a dead member (a replica
+        sending the will of a session it owned): at most one side of a split holds the
+        majority, so the side that may still have the member's clients connected does
+        not act.  False while the sides are not settled: a group of members is still
+        going (not concluded), or the member's partition is within its join window
+        (more members may join it and move the majority).  A member that left, or
+        that a partition gave up on or healed without, is lost."""
+        if self._group is not None or self.in_minority():
+            return False
+        p = self._where.get(member)
+        if p is None:
+            return self.states.get(member) not in (ALIVE, SUSPECT)
+        return member not in p.returned and not p.late and now >= p.detected_at + self.window
+
+    def holds_majority(self, members: Iterable[str]) -> bool:
+        """Do ``members`` with this node hold the majority of the last stable view (an
+        exact half: the half with the smallest member id)?"""
+        return _holds_majority(frozenset(members) | {self.node_id}, self.stable_view)
+
     # ------------------------------------------------------------------ internals
 
     def _account(self, member: str, prev: MemberState | None, state: MemberState | None) -> None:

@@ -10,6 +10,7 @@ from wall time, taken once, so that entries stay comparable however long we run.
 from __future__ import annotations
 
 import collections
+from typing import Iterable
 from clock import Clock
 
 from .detector import PartitionDetected, PartitionDetector, PartitionHealed
@@ -59,6 +60,15 @@ class PartitionView:
     def across_partition(self, member: str) -> bool:
         """Is ``member`` on the other side of a partition that has not healed?"""
         return self.detector.across_partition(member)
+
+    def lost_to_majority(self, member: str) -> bool:
+        """Is ``member`` lost as the majority side sees it, this node on that side
+        (``PartitionDetector.lost_to_majority``)?"""
+        return self.detector.lost_to_majority(member, self.clock.now())
+
+    def holds_majority(self, members: Iterable[str]) -> bool:
+        """Do ``members`` with this node hold the majority of the last stable view?"""
+        return self.detector.holds_majority(members)
 
     @property
     def detected_total(self) -> int:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 import trio
 
@@ -86,6 +86,9 @@ ASYNC_LINGER = 0.02  # async: seconds changes gather before a batch goes (nothin
 BUGGIFY_LAG = 2.0  # ack-before-replica: how far the replicas lag behind (so a crash falls in the gap)
 SEQ_BASE_SHIFT = 20  # a session's sequence numbers start at wall ms << 20 on each node start
 COLLECT_GRACE_MS = 60_000  # a copy outlived by a newer claim goes this long after the claim
+# A majority check before an orphaned will goes (members asked whether they answer)
+# serves every will due within this long.
+MAJORITY_FRESH = 1.0
 ORPHAN_RECHECK = 5.0  # a due will that a replica ranked before this one holds: asked again after this
 TAKEN_FOR = 30.0  # a copy a taker fetched: its will is the taker's this long (then the taker owns it)
 # A will restored by an owner back from a crash waits this long after its start: a
@@ -151,6 +154,16 @@ class HeldView(Protocol):
     them, or still unacknowledged on the link to them."""
 
     def held_messages(self, member: str) -> list[Message]: ...
+
+
+class Sides(Protocol):
+    """Which side of a netsplit may act for a member it sees dead
+    (`netsplit.view.PartitionView`, passed in by the composition: replication sits
+    below netsplit)."""
+
+    def lost_to_majority(self, member: str) -> bool: ...
+
+    def holds_majority(self, members: Iterable[str]) -> bool: ...
 
 
 class Claims(Protocol):
@@ -226,8 +239,12 @@ class Replication:
     def __init__(self, *, node_id: str, copies: int, mode: str, store: ReplicaStore, broker: SessionsHost,
                  queries: ReplicaQueries, members: Members, clock: Clock,
                  recovered_meta: Mapping[str, object] | None = None, bandwidth: int = 0,
-                 recovered_wills: Mapping[str, tuple[Will, float | None]] | None = None) -> None:
+                 recovered_wills: Mapping[str, tuple[Will, float | None]] | None = None,
+                 sides: Sides | None = None) -> None:
         self.node_id = node_id
+        # A dead owner's will goes only from the side of a netsplit that holds the
+        # majority (None: every side acts, as a node with no partition view)
+        self.sides = sides
         # Re-replication's bound: bytes of snapshots per second for new copies (0: none),
         # spent from a budget each housekeeping round refills (one round's worth at most).
         self.bandwidth = bandwidth
@@ -264,6 +281,11 @@ class Replication:
         self._orphan_busy: dict[str, float] = {}
         self._taken: dict[str, float] = {}
         self._wills_sent: dict[str, str] = {}  # client id -> the dead owner whose will this node sent
+        # The last check that members holding the majority answer (`_majority_answers`):
+        # when it ended, its outcome, and the event of one running.
+        self._majority_at = float("-inf")
+        self._majority_ok = False
+        self._majority_asking: trio.Event | None = None
         self._restore(recovered_meta or {})
         queries.handle("repl", self._answer_batch)
         queries.handle_pipelined("repl", self._answer_batch_pipelined)
@@ -931,8 +953,12 @@ class Replication:
 
     def _orphaned(self, cid: str, copy: ReplicaCopy, alive: set[str]) -> bool:
         """Whether `copy`'s owner is dead and no one took its session over (no newer
-        claim by anyone; the claim spreads with the takeover)."""
+        claim by anyone; the claim spreads with the takeover), as the majority side of
+        a netsplit sees it from this side: a side without the majority may have cut
+        the owner off while its client is still connected there, and sends nothing."""
         if copy.owner in alive or copy.owner == self.node_id or copy.owner not in self._dead_since:
+            return False
+        if self.sides is not None and not self.sides.lost_to_majority(copy.owner):
             return False
         claim = self.claims.get(cid) if self.claims is not None else None
         return claim is None or claim.owner == copy.owner
@@ -999,6 +1025,13 @@ class Replication:
             if holders:
                 busy_until = self.clock.now() + ORPHAN_RECHECK  # its will to send; asked again if it dies
                 return
+            if not await self._majority_answers():
+                # The partition view can call this side the majority before it sees the
+                # rest of a split go (members are found dead one at a time): members
+                # that answer now are what counts.
+                log.debug("session %s: members holding the majority do not answer; its will waits", cid)
+                busy_until = self.clock.now() + ORPHAN_RECHECK
+                return
             # Checked again after the asking: a taker may have fetched the copy or
             # claimed the session meanwhile, and a member may have cleared the will.
             copy = self.copies_held.get(cid)
@@ -1025,6 +1058,42 @@ class Replication:
                 self._orphan_busy[cid] = busy_until
             else:
                 self._orphan_busy.pop(cid, None)
+
+    async def _majority_answers(self) -> bool:
+        """Whether this node and the live members that answer a query now hold the
+        majority of the last stable view (always, without a partition view).  One
+        check serves every will for `MAJORITY_FRESH` seconds."""
+        sides = self.sides
+        if sides is None:
+            return True
+        if self.clock.now() - self._majority_at < MAJORITY_FRESH:
+            return self._majority_ok
+        running = self._majority_asking
+        if running is not None:
+            await running.wait()
+            return self._majority_ok
+        asking = self._majority_asking = trio.Event()
+        answered: set[str] = set()
+
+        async def ask(peer: str) -> None:
+            try:
+                await self.queries.ask(peer, "repl_seq", {"c": ""}, timeout=TAKEOVER_ASK_TIMEOUT)
+            except QueryRefused:
+                pass  # an older member: it answered
+            except (QueryFailed, OSError, trio.BrokenResourceError):
+                return
+            answered.add(peer)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for peer in self.members.alive_members():
+                    nursery.start_soon(ask, peer)
+            self._majority_ok = sides.holds_majority(answered)
+            self._majority_at = self.clock.now()
+        finally:
+            self._majority_asking = None
+            asking.set()
+        return self._majority_ok
 
     async def _tell_no_will(self, peer: str, cid: str, owner: str) -> None:
         """Another copy's will goes too: sent once, whoever sends after this node dies."""

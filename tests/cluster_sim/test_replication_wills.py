@@ -224,3 +224,38 @@ def test_a_replica_restarted_after_sending_the_will_still_tells_the_returning_ow
         assert copy is None or not copy.will_sent  # told: the mark is gone
 
     sim(scenario, session_replicas=2)
+
+
+def test_a_replica_cut_off_on_the_minority_side_of_a_netsplit_does_not_send_the_will() -> None:
+    """The replica alone on one side, the owner with its connected client and the third
+    node on the other: the replica sees the owner dead, but its side does not hold the
+    majority (the client may well be connected on the other side, as it is here), so it
+    sends no will, during the split or after the heal."""
+
+    async def scenario(c: SimCluster) -> None:
+        replica = replicas_for("split", "n0", c.node_ids, 2)[0]
+        other = next(n for n in c.node_ids if n not in ("n0", replica))
+        watchers = []
+        for n in (replica, other):
+            w = await c.connect(n, f"watcher-{n}")
+            await w.subscribe("wills/#", 1)
+            watchers.append(w)
+        await wait_route(c, "wills/#", {replica, other})
+        dev = await c.connect("n0", "split", clean_start=False, session_expiry=EXPIRY, will=will("wills/split", b"false"))
+        await known_everywhere(c, "split")
+        await c.wait_for(lambda: (copy := replication(c, replica).copies_held.get("split")) is not None
+                         and copy.will is not None, 10, "the will on the replica")
+        c.cut([replica], ["n0", other])
+        view = c.running(replica).partitions
+        await c.wait_for(lambda: "n0" not in c.gossip(replica).alive_members() and view.in_minority(), 60,
+                         "the replica sees the owner dead, itself on the minority side")
+        await c.run_for(30.0)
+        assert replication(c, replica).stats.orphan_wills == 0
+        c.heal()
+        await c.wait_converged(timeout=120)
+        await c.run_for(10.0)
+        assert dev.connected
+        assert [w.payloads("wills/split") for w in watchers] == [[], []]
+        assert replication(c, replica).copies_held["split"].will is not None  # still there, for a real death
+
+    sim(scenario, session_replicas=2)

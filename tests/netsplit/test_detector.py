@@ -256,3 +256,36 @@ def test_any_cut_is_detected_once_and_heals_once(k, spread):
         back += d.member_changed(m, "alive", 40.0)
     (healed,) = back
     assert healed.partition_id == ev.partition_id and not d.is_partitioned()
+
+
+def test_lost_to_majority_only_on_the_majority_side_once_the_sides_are_settled():
+    """What a replica asks before it sends a dead owner's will (issue 29): the member
+    is lost and this node holds the majority, once the partition is concluded and its
+    join window closed; never on the minority side, never while the member is back."""
+    d = detector()
+    assert not d.lost_to_majority("n3", 1.0)  # alive
+    feed(d, [("n3", "suspect", 10.0), ("n3", "dead", 14.0)])
+    assert d.is_partitioned()
+    assert not d.lost_to_majority("n3", 14.0)  # within the join window: more may follow
+    assert d.lost_to_majority("n3", 16.0)  # a crash of one: the four of us hold the majority
+    assert not d.lost_to_majority("n1", 16.0)
+    d.member_changed("n3", "alive", 20.0)
+    assert not d.lost_to_majority("n3", 20.0)
+
+    minority = detector()
+    feed(minority, [("n1", "suspect", 10.0), ("n2", "suspect", 10.2), ("n4", "suspect", 10.9),
+                    ("n1", "dead", 14.0), ("n2", "dead", 14.1), ("n4", "dead", 14.2)])
+    assert minority.in_minority()
+    assert not any(minority.lost_to_majority(m, 60.0) for m in ("n1", "n2", "n4"))
+    # Members that answer now, counted against the last stable view (five).
+    assert minority.holds_majority({"n3", "n1"}) and not minority.holds_majority({"n3"})
+
+    opening = detector()
+    feed(opening, [("n3", "suspect", 10.0), ("n3", "dead", 14.0), ("n4", "suspect", 30.0)])
+    assert not opening.lost_to_majority("n3", 31.0)  # a new group is going: the sides may move
+    opening.member_changed("n4", "alive", 31.5)
+    assert opening.lost_to_majority("n3", 32.0)
+
+    left = detector()
+    left.member_changed("n2", "left", 5.0)
+    assert left.lost_to_majority("n2", 5.0)
