@@ -219,6 +219,7 @@ class Broker:
         # that will (a replica may say so long after, when the client's new connection
         # has a will of its own pending).
         self._restored_wills: dict[str, int] = {}
+        self._recovering = False  # within `publish_remote` of a replayed held message
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
@@ -602,20 +603,29 @@ class Broker:
         return matched + len(remote) + held
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool,
-                       skip: Callable[[str], bool] | None = None, maybe_sent: bool = False) -> int:
+                       skip: Callable[[str], bool] | None = None, maybe_sent: bool = False,
+                       recovery: bool = False) -> int:
         """A message another node forwarded here: deliver to local sessions only
         (plain subscribers if `plain`, one member of each listed shared group), except
         the plain subscribers `skip` names (sessions taken over here whose previous
         node had the message: see routing.handoff_driver `TakenIn`).  `maybe_sent`: it
         may have been delivered here before (a link batch resent to a node that
         restarted): a session that still holds it does not take it again, and the others
-        get it with DUP=1."""
+        get it with DUP=1.  `recovery`: held for this node while it was unreachable and
+        replayed now it is back, accepted for its sessions already: the queue limit
+        does not drop it (`Session.recovered` room, as at a takeover)."""
         if keep_retained:
             self._set_retained(msg, persist=True)
         if not plain and not groups:
             return 0
         if maybe_sent:
             skip = _skip_holders(self.sessions, message_key(msg), skip)
+        if recovery:
+            self._recovering = True
+            try:
+                return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip, dup=maybe_sent)
+            finally:
+                self._recovering = False
         return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip, dup=maybe_sent)
 
     def keep_retained(self, msg: Message) -> None:
@@ -774,7 +784,12 @@ class Broker:
     def enqueue(self, session: Session, delivery: Delivery) -> None:
         if session.persistent and not delivery.seq:
             delivery.seq = session.take_seq()
-        dropped = session.enqueue(delivery, self.limits.max_queued_messages)
+        if self._recovering:  # a held message replayed (`publish_remote`): room beyond the limit
+            queued_before = session.recovery_starts(1)
+            dropped = session.enqueue(delivery, self.limits.max_queued_messages)
+            session.recovery_ended(1, queued_before)
+        else:
+            dropped = session.enqueue(delivery, self.limits.max_queued_messages)
         if session.persistent and dropped is not delivery:
             self.store.put_queued(session.client_id, delivery)
         if dropped is not None:
