@@ -164,6 +164,11 @@ class _Taking:
     scope: trio.CancelScope
     superseded: bool = False
     session: Session | None = None  # installed here, not yet complete
+    # Members whose copy is stale (they sent this node to the node that claimed the
+    # client after them, `claimer`): a fallback is against the claimer, and their
+    # copies are merged after its copy (`TakenIn.stale`).
+    stale: set[str] = field(default_factory=set)
+    claimer: str | None = None
 
 
 @dataclass
@@ -429,12 +434,14 @@ class Handoffs:
             return "ok"
         return await self._take_over(client_id, owner, claim)
 
-    async def _replica_or_fallback(self, client_id: str, owner: str, why: str) -> None:
+    async def _replica_or_fallback(self, client_id: str, owner: str, why: str,
+                                   stale_copies: set[str] | None = None) -> None:
         """The owner cannot hand the session over: take it from the newest replica
-        (`session_replicas` > 1), else go on as `_fallback` says."""
+        (`session_replicas` > 1), else go on as `_fallback` says (`stale_copies`: see
+        `_Taking.stale`)."""
         stored = await self.replicas.copy_for_takeover(client_id, owner) if self.replicas is not None else None
         if stored is None:
-            self._fallback(client_id, owner, why)
+            self._fallback(client_id, owner, why, stale_copies)
             return
         stale = self.broker.sessions.get(client_id)
         if stale is not None and stale.persistent:
@@ -493,17 +500,21 @@ class Handoffs:
             image[REMEMBERED] = remembered_to_wire(keys)  # an optional key: an older taker skips it
         return image
 
-    def _fallback(self, client_id: str, owner: str, why: str) -> None:
+    def _fallback(self, client_id: str, owner: str, why: str, stale_copies: set[str] | None = None) -> None:
         self.stats.failed += 1
         # The owner's copy will be merged into this session later: remember what this
         # one is given meanwhile, so the merge does not deliver it twice.
         self._start_remembering(client_id, self.broker.sessions.get(client_id), for_s=REMEMBER_FOR)
-        if client_id not in self.taken_in:
-            # What still reaches this node and reached the owner too goes into the
-            # owner's copy, which is merged here later: not delivered twice meanwhile.
-            self.taken_in[client_id] = TakenIn(owner, self.clock.wall(), fresh=client_id not in self.broker.sessions)
+        taken = self.taken_in.get(client_id)
+        if taken is None or (stale_copies and not stale_copies <= taken.stale):
+            if taken is None:
+                # What still reaches this node and reached the owner too goes into the
+                # owner's copy, which is merged here later: not delivered twice meanwhile.
+                taken = self.taken_in[client_id] = TakenIn(owner, self.clock.wall(),
+                                                           fresh=client_id not in self.broker.sessions)
+            taken.stale.update(stale_copies or ())
             if self.notes is not None:
-                self.notes.put_meta(TAKEN_META + client_id, self.taken_in[client_id].to_record())
+                self.notes.put_meta(TAKEN_META + client_id, taken.to_record())
         have = client_id in self.broker.sessions
         if have:
             # A copy left here earlier, contested by the owner's: what it queued may have
@@ -533,12 +544,13 @@ class Handoffs:
                 return await self._drive(machine, taking, started, flushed)
             if taking.superseded:
                 return self._superseded(client_id, taking)
-            await self._replica_or_fallback(client_id, machine.owner, "timed out")
+            await self._replica_or_fallback(client_id, taking.claimer or machine.owner, "timed out", taking.stale)
             return "ok"
         except _Superseded:
             return self._superseded(client_id, taking)
         except (trio.TooSlowError, HandoffError, OSError, trio.BrokenResourceError) as exc:
-            await self._replica_or_fallback(client_id, machine.owner, str(exc) or type(exc).__name__)
+            await self._replica_or_fallback(client_id, taking.claimer or machine.owner, str(exc) or type(exc).__name__,
+                                            taking.stale)
             return "ok"
         finally:
             if self.taking.get(client_id) is taking:
@@ -571,6 +583,10 @@ class Handoffs:
                     except (TypeError, ValueError) as exc:
                         self.malformed += 1
                         log.warning("dropping a malformed claim from %s: %s", machine.owner, exc)
+                if reply.get("copy") is True and isinstance(reply.get("moved"), str):
+                    # A stale copy there (see `_stale_copy_claimer`): it comes later, merged.
+                    taking.stale.add(machine.owner)
+                    taking.claimer = reply["moved"]
                 if step.frame_type == "ho_begin":
                     upto = reply.get("upto")
                     begin_mark = upto if isinstance(upto, int) else None
@@ -646,6 +662,10 @@ class Handoffs:
                 machine = Takeover(client_id, step.node, machine.claim_wire)
                 step = machine.start()
             elif isinstance(step, Refused):
+                if step.why == "none" and taking.stale:
+                    # The claimer holds none (its own takeover gave way to this one): the
+                    # stale copy is still to be merged here, so this is a fallback.
+                    raise HandoffError(f"{machine.owner} holds no session; a stale copy at {sorted(taking.stale)}")
                 if step.why == "none":
                     log.info("%s: %s holds no session for it; starting afresh", client_id, machine.owner)
                     return "ok"
@@ -939,11 +959,16 @@ class Handoffs:
         (the pusher keeps its copy and tries again) until the giver's copy is merged,
         whose remembered messages the merge then leaves out.  Not dropped: the giver
         may have skipped them too, its own giver having got them (simulator seed 1 of
-        5 nodes, 20 clients, 60 s).  Not for a giver that is not alive (it may never
-        come back: delivered, not lost)."""
+        5 nodes, 20 clients, 60 s).  A copy whose holder said it was stale waits
+        whole, whatever it carries (`_stale_copy_claimer`).  Not for a giver that is
+        not alive (it may never come back: delivered, not lost)."""
         taken = self.taken_in.get(cid)
-        if (not sent_to or taken is None or not taken.fresh or taken.giver == peer or taken.giver in taken.marks
+        if (taken is None or not taken.fresh or taken.giver == peer or taken.giver in taken.marks
                 or taken.giver not in self.gossip.alive_members()):
+            return False
+        if peer in taken.stale:
+            return True  # a stale copy: merged after the giver's (see `_stale_copy_claimer`)
+        if not sent_to:
             return False
         for d in deliveries:
             also = sent_to.get(message_key(d.message))
@@ -963,6 +988,7 @@ class Handoffs:
         log.info("session %s moved to %s: relaying %d late messages", cid, moved.taker if moved else "?", len(deliveries))
 
     def _answer_begin(self, peer: str, cid: str, claim: Claim, now: float) -> Fields:
+        before = self.register.get(cid)
         self.register.merge(claim, self._wall_ms())
         current = self.register.get(cid)
         if current is not None and current.stamp > claim.stamp:
@@ -981,6 +1007,12 @@ class Handoffs:
         if previous is not None and previous.taker != peer and previous.commit_seq is not None:
             # Committed: the session is the other taker's now; ask there.
             return {"ok": False, "moved": previous.taker}
+        claimer = self._stale_copy_claimer(cid, before, peer)
+        if claimer is not None:
+            # "copy" (optional; an older taker only follows "moved"): this node's copy
+            # is pushed to the taker later, to be merged after the claimer's.
+            log.info("%s: the copy here is stale (claimed since at %s); %s is sent there", cid, claimer, peer)
+            return {"ok": False, "moved": claimer, "copy": True}
         if previous is not None and previous.taker != peer:
             log.info("handoff of %s to %s superseded by a newer one to %s", cid, previous.taker, peer)
         self.broker.detach_for_handoff(cid, now)
@@ -990,6 +1022,23 @@ class Handoffs:
         # reached the copy given now (see `TakenIn.giver_kept`).
         return {"ok": True, "img": self._image(session), "q": q, "cur": cur, "more": more,
                 "upto": self.cluster.forward_mark()}
+
+    def _stale_copy_claimer(self, cid: str, before: Claim | None, taker: str) -> str | None:
+        """The node that claimed the client after the copy held here was its session,
+        when the newest claim known here before the taker's is another node's (not
+        clean, no release): the client resumed there (a takeover that fell back, or a
+        copy restored by a restart here after it left), and what its session got there
+        this copy lacks, while the copy may hold what reached both (forwards to routes
+        this copy kept).  Handed over as the session, it would deliver those again
+        (simulator seed 138 of 5 nodes, 20 clients, 60 s: n1 restarted with s2's copy,
+        which n3 had claimed; p3/2/2 reached s2 on n3 and n1's copy; n4, which never
+        heard n3's claim, took n1's copy and delivered p3/2/2 a second time).  So the
+        taker is sent to the claimer, and this copy is pushed to the taker and merged,
+        without what the session was given."""
+        if (before is None or before.owner in (None, self.node_id, taker) or before.clean
+                or cid in self.broker.connections):
+            return None
+        return before.owner
 
     async def _answer_flush(self, peer: str) -> tuple[str, Fields]:
         await self.cluster.drain_link(peer, FENCE_TIMEOUT)

@@ -21,7 +21,7 @@ from session_store.model import Message
 from session_store.store import StoredSession
 
 MOVED_META = "moved/"  # meta keys: moved/<client id> -> {"t": taker, "a": when, "img": image without messages, "f": marks}
-TAKEN_META = "taken/"  # meta keys: taken/<client id> -> {"g": giver, "a": when, "m": {member: mark}}
+TAKEN_META = "taken/"  # meta keys: taken/<client id> -> {"g": giver, "a": when, "m": {member: mark}, "n": fresh, "s": [stale copy holders]}
 RELAYED_META = "relayto/"  # meta keys: relayto/<client id> -> [[origin, message id, [nodes]], ...] (`SentTo`)
 
 # Per message relayed into a copy here (origin, message id): the nodes its sender had
@@ -80,6 +80,11 @@ class TakenIn:
     # its copy go (at the handoff's commit; at the push of the copy it kept through a
     # fallback; 0 when it says it holds none).
     fresh: bool = False
+    # Members that held a copy of the session and said it was stale (another node had
+    # claimed the client after it; `Handoffs._stale_copy_claimer`): the copy is pushed
+    # here later and merged only after the giver's, whose remembered messages the
+    # merge then leaves out (it got what the session got there too).
+    stale: set[str] = field(default_factory=set)
 
     def giver_kept(self, msg: Message, sender: str) -> bool:
         """Whether a message the giver published and forwarded here (held while it
@@ -106,13 +111,18 @@ class TakenIn:
         return mark is None or msg.msg_id <= mark
 
     def to_record(self) -> dict[str, object]:
-        return {"g": self.giver, "a": self.at, "m": dict(self.marks), "n": self.fresh}
+        record: dict[str, object] = {"g": self.giver, "a": self.at, "m": dict(self.marks), "n": self.fresh}
+        if self.stale:
+            record["s"] = sorted(self.stale)  # optional: an older version reads past it
+        return record
 
     @classmethod
     def from_record(cls, value: object) -> "TakenIn":
         if not isinstance(value, dict) or not isinstance(value.get("g"), str) or not isinstance(value.get("m"), dict):
             raise ValueError("bad taken record")
-        return cls(value["g"], float(value["a"]), {str(k): int(v) for k, v in value["m"].items()}, bool(value.get("n")))
+        stale = value.get("s")
+        return cls(value["g"], float(value["a"]), {str(k): int(v) for k, v in value["m"].items()}, bool(value.get("n")),
+                   {str(n) for n in stale} if isinstance(stale, list) else set())
 
 
 def marks_from_wire(data: object) -> dict[str, int]:

@@ -314,3 +314,14 @@ def test_a_connect_back_on_a_giver_whose_taker_died_after_the_commit_keeps_the_c
     # the taker too.  (Found after c2749be, whose extra housekeeping task moved the
     # schedule onto this path; the defect is older.)
     assert simulate_seed(5, 20, 60, 139) == "seed=139 ok"
+
+
+def test_a_stale_copy_restored_by_a_restart_is_merged_not_handed_over_as_the_session() -> None:
+    # Seed 138 of 5 nodes, 20 clients, 60 s: s2's owner n1 was killed; s2 resumed on n3
+    # (a fallback: n1 down), and n1 restarted with its copy, whose routes brought it
+    # p3/2/2, which s2 got on n3 too.  n4 never heard n3's claim; s2's next CONNECT
+    # there took the session from n1's copy and delivered p3/2/2 a second time (QoS 1
+    # without DUP).  A node whose copy another node claimed since now sends the taker
+    # to that claimer ("moved", with "copy"), and its copy is merged at the taker only
+    # after the claimer's, leaving out what the session was given there.
+    assert simulate_seed(5, 20, 60, 138) == "seed=138 ok"

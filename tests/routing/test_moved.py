@@ -34,6 +34,11 @@ def test_moved_and_taken_records_round_trip() -> None:
     fresh = TakenIn("A", 7.0, {"A": 4}, fresh=True)
     assert TakenIn.from_record(fresh.to_record()) == fresh
     assert TakenIn.from_record({"g": "A", "a": 7.0, "m": {}}).fresh is False  # a record of an earlier version
+    stale = TakenIn("A", 7.0, {}, fresh=True, stale={"C", "B"})
+    assert stale.to_record()["s"] == ["B", "C"]
+    assert TakenIn.from_record(stale.to_record()) == stale
+    assert "s" not in fresh.to_record()  # none: the record an earlier version wrote
+    assert TakenIn.from_record({"g": "A", "a": 7.0, "m": {}, "n": True}).stale == set()
 
 
 def test_what_the_giver_published_while_it_held_its_copy_is_its_own_to_deliver() -> None:
