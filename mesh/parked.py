@@ -99,6 +99,7 @@ class ParkedConnection(ClientConnection):
     def _park(self, now: float) -> bool:
         if now - self._idle_since >= PARK_AFTER and not self._rate_delay and self._lot.park(self):
             self._idle_since = NEVER_READ  # unused while parked (`on_readable` sets it): no float of its own
+            self.machine.shed()  # nor a decoder (made again by the next bytes)
             return True
         return False
 
@@ -162,7 +163,10 @@ class ParkedConnection(ClientConnection):
         if (self.closing or self.pending_connect is not None or self.pending_publish is not None
                 or self.pending_subscribe is not None or not self._flush_now() or self._rate_delay):
             return False
-        return lot.park(self)  # `_idle_since` stays NEVER_READ: unused while parked
+        if not lot.park(self):  # `_idle_since` stays NEVER_READ: unused while parked
+            return False
+        self.machine.shed()  # an idle client holds no decoder either
+        return True
 
     def _flush_now(self) -> bool:
         """Send the outbox as far as the socket takes it now; a writer task sends the

@@ -190,6 +190,44 @@ def test_connect_publish_qos0_1_2_subscribe_ping_disconnect(level):
     assert script.conn.take_will() is None
 
 
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_shedding_the_decoder_while_idle_changes_nothing(level):
+    # An idle client's connection lets go of its decoder (`shed`, when parked); the next
+    # bytes make a new one. Shed after every feed, cut anywhere: the same events and
+    # replies, the protocol level (3.1's DUP PUBREL, v5 properties) and the packet size
+    # limit kept, and a packet begun before the shed still whole.
+    settings = ServerSettings(max_packet_size=200)
+    data = wire(
+        level,
+        connect(level, keep_alive=30),
+        Publish(topic="a/1", payload=b"one", qos=1, packet_id=2,
+                properties=Properties(user_properties=(("k", "v"),)) if level == 5 else Properties()),
+        Publish(topic="a/2", payload=b"two", qos=2, packet_id=3),
+        Pingreq(),
+    )
+    # 3.1 resends a PUBREL with DUP set (0x6A), which only a level-3 decoder takes.
+    data += (b"\x6a\x02\x00\x03" if level == 3 else wire(level, Pubrel(packet_id=3)))
+    data += wire(level, Publish(topic="big", payload=b"x" * 300))
+    whole = play(data, settings)
+    assert last_reason(whole) == ReasonCode.PACKET_TOO_LARGE
+    for cut in range(len(data) + 1):
+        script = Script(settings)
+        script.feed(data[:cut])
+        script.conn.shed()
+        script.feed(data[cut:])
+        assert script.events == whole.events, f"cut at {cut}"
+        assert script.sent == whole.sent, f"cut at {cut}"
+    script = Script(settings)
+    script.feed(wire(level, connect(level)))
+    script.conn.shed()
+    assert script.conn._decoder is None  # connected, nothing buffered: let go
+    script.feed(wire(level, Pingreq())[:1])
+    script.conn.shed()
+    assert script.conn._decoder is not None  # half a packet: kept
+    script.feed(wire(level, Pingreq())[1:])
+    assert type(script.events[-1]) is Pingreq
+
+
 def test_packets_behind_a_connect_wait_for_accept():
     conn = ServerConnection(ServerSettings(), 0.0)
     conn.receive_data(wire(5, connect(), Pingreq()), 0.0)
