@@ -167,7 +167,8 @@ def build_node(settings: Settings, *, clock: Clock | None = None, rng: random.Ra
     # the cluster's handoff driver takes a session from it when its owner is gone).
     replication = Replication(node_id=node_id, copies=settings.session_replicas, mode=settings.session_replication,
                               store=store, broker=broker, queries=queries, members=gossip, clock=clock,
-                              recovered_meta=recovered.meta, bandwidth=settings.replication_bandwidth,
+                              recovered_meta=recovered.meta, recovered_replica=recovered.replica,
+                              bandwidth=settings.replication_bandwidth,
                               recovered_wills={cid: s.will for cid, s in recovered.sessions.items() if s.will is not None},
                               sides=partition_view)
     cluster = Cluster(

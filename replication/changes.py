@@ -36,6 +36,7 @@ a takeover turns the copy into a session (`stored_session`).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -318,3 +319,25 @@ def _will_record(value: object) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     raise ChangeError("a will record is bytes")
+
+
+def delivery_record(state: int, wire: object) -> bytes:
+    """A copy's delivery as its replica writes it: in the owner's own record format
+    (`records.encode_delivery_record`, keyed as the owner keys it: `SessionStore.
+    put_replica_delivery`), so a copy takes its replica the bytes the session takes its
+    owner.  Encoded by the committer, off the Trio thread: a delivery that does not
+    parse (as its owner sent it) is written empty, and read back as unreadable."""
+    try:
+        return records.encode_delivery_record(delivery_from_wire(wire), state & 3, state >> 2)
+    except (HandoffError, struct.error, ValueError, TypeError, OverflowError):
+        return b""
+
+
+def delivery_from_record(data: bytes, seq: int) -> list[object]:
+    """[state, wire form] of a copy's delivery from its record (`delivery_record`)."""
+    try:
+        d, state_name, packet_id = records.decode_delivery_record(data, seq)
+    except records.RecordError as exc:
+        raise ChangeError(str(exc)) from None
+    state = QUEUED if state_name is None else records.STATE_CODES[state_name] | packet_id << 2
+    return [state, delivery_to_wire(d)]

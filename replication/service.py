@@ -142,6 +142,12 @@ class ReplicaStore(Protocol):
 
     def delete_meta(self, key: str) -> None: ...
 
+    def put_replica_delivery(self, client_id: str, seq: int, encoder: Callable[..., bytes], *args: Any) -> None: ...
+
+    def delete_replica_deliveries(self, client_id: str, seqs: Iterable[int]) -> None: ...
+
+    def delete_replica_copy(self, client_id: str) -> None: ...
+
     def when_locally_durable(self, epoch: int, callback: Callable[[], None]) -> None: ...
 
     def hold_durable(self, floor: int | None) -> None: ...
@@ -239,6 +245,7 @@ class Replication:
     def __init__(self, *, node_id: str, copies: int, mode: str, store: ReplicaStore, broker: SessionsHost,
                  queries: ReplicaQueries, members: Members, clock: Clock,
                  recovered_meta: Mapping[str, object] | None = None, bandwidth: int = 0,
+                 recovered_replica: Mapping[str, Mapping[int, bytes]] | None = None,
                  recovered_wills: Mapping[str, tuple[Will, float | None]] | None = None,
                  sides: Sides | None = None) -> None:
         self.node_id = node_id
@@ -286,7 +293,7 @@ class Replication:
         self._majority_at = float("-inf")
         self._majority_ok = False
         self._majority_asking: trio.Event | None = None
-        self._restore(recovered_meta or {})
+        self._restore(recovered_meta or {}, recovered_replica or {})
         queries.handle("repl", self._answer_batch)
         queries.handle_pipelined("repl", self._answer_batch_pipelined)
         queries.handle("repl_seq", self._answer_seq)
@@ -793,7 +800,7 @@ class Replication:
 
     # ------------------------------------------------------------ the replica's side
 
-    def _restore(self, meta: Mapping[str, object]) -> None:
+    def _restore(self, meta: Mapping[str, object], replica: Mapping[str, Mapping[int, bytes]]) -> None:
         for key, value in meta.items():
             if key.startswith(HEADER_META):
                 cid = key[len(HEADER_META):]
@@ -801,26 +808,43 @@ class Replication:
                     self.copies_held[cid] = ReplicaCopy.from_header(cid, value)
                 except ChangeError as exc:
                     log.error("ignoring the stored replica of %s: %s", cid, exc)
+        for cid, records_of in replica.items():
+            copy = self.copies_held.get(cid)
+            if copy is None:
+                self.store.delete_replica_copy(cid)  # its header went first (an end not finished)
+                continue
+            for dseq, data in records_of.items():
+                try:
+                    copy.deliveries[dseq] = changes.delivery_from_record(data, dseq)
+                except ChangeError as exc:
+                    log.error("ignoring a delivery of the stored replica of %s: %s", cid, exc)
         for key, value in meta.items():
+            # An older version's delivery records (meta `repld/<client id>/<seq>`, CBOR):
+            # read, and moved into the replica family (its later deletes go there).
             if key.startswith(DELIVERY_META):
-                cid, _, dseq = key[len(DELIVERY_META):].rpartition("/")
+                cid, _, number = key[len(DELIVERY_META):].rpartition("/")
                 copy = self.copies_held.get(cid)
-                if copy is not None and dseq.isdigit() and isinstance(value, list) and len(value) == 2:
-                    copy.deliveries[int(dseq)] = value
+                self.store.delete_meta(key)
+                if copy is not None and number.isdigit() and isinstance(value, list) and len(value) == 2:
+                    copy.deliveries[int(number)] = value
+                    self.store.put_replica_delivery(cid, int(number), changes.delivery_record, value[0], value[1])
         for cid, copy in self.copies_held.items():
             if copy.will_sent:  # sent before this restart: its owner is still to be told
                 self._wills_sent[cid] = copy.owner
 
     def _persist(self, cid: str, applied: changes.Applied) -> None:
         store = self.store
-        for dseq in applied.deleted:
-            store.delete_meta(f"{DELIVERY_META}{cid}/{dseq:020d}")
         if applied.ended or applied.copy is None:
+            store.delete_replica_copy(cid)
             store.delete_meta(HEADER_META + cid)
             return
+        if applied.deleted:
+            store.delete_replica_deliveries(cid, applied.deleted)
         copy = applied.copy
+        deliveries = copy.deliveries
         for dseq in applied.put:
-            store.put_meta(f"{DELIVERY_META}{cid}/{dseq:020d}", copy.deliveries[dseq])
+            state, wire = deliveries[dseq]
+            store.put_replica_delivery(cid, dseq, changes.delivery_record, state, wire)
         if applied.header:
             store.put_meta(HEADER_META + cid, copy.header())
 

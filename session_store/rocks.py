@@ -22,6 +22,9 @@ qos2_in        client_id \\0 packet id (u16 BE)    1 (PUBREC sent, PUBREL awaite
 wills          client_id                          the will and, when pending, its due time
 retained       topic                              the message
 meta           name                               any CBOR value (cluster config later)
+replica        client_id \\0 seq (u64 BE)          a delivery of a copy this node holds of
+                                                  another member's session (replication:
+                                                  a format-2 record, as in `queue`)
 delayed        due ms (u64 BE) + message id       a delayed message (`delayed.records`),
                (u64 BE)                           read a window at a time, never at start
 streams        stream filter \\0 position          a stream message (`streams.store`)
@@ -57,7 +60,7 @@ from typing import Any, Callable, Iterable, Iterator
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from session_store import records
-from session_store.store import COLUMN_FAMILIES, PendingBatch, SessionStore, pack_seq, session_prefix
+from session_store.store import COLUMN_FAMILIES, MIN_RANGE_RUN, PendingBatch, SessionStore, pack_seq, session_prefix
 
 
 class StoreOpenError(Exception):
@@ -86,8 +89,6 @@ def _options(cf: str | None = None) -> Options:
         opts.set_write_buffer_size(QUEUE_WRITE_BUFFER)
     return opts
 
-
-MIN_RANGE_RUN = 4  # shorter runs of deleted deliveries get point tombstones
 
 
 def _delete_runs(wb: WriteBatch, deleted: list[tuple[str, int]], handle: Any) -> None:

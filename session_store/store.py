@@ -79,12 +79,14 @@ from session_store.model import Delivery, Message, SubscriptionOptions
 log = logging.getLogger("meshd.session_store")
 
 SEP = b"\x00"
-COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta", "delayed", "streams")
+COLUMN_FAMILIES = ("sessions", "subscriptions", "inflight", "queue", "qos2_in", "retained", "wills", "meta", "delayed", "streams",
+                   "replica")
 SESSION_SCOPED = ("subscriptions", "inflight", "queue", "qos2_in")
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 pack_seq = _U64.pack  # a delivery key's suffix
+MIN_RANGE_RUN = 4  # shorter runs of deleted deliveries get point tombstones
 
 
 @functools.lru_cache(maxsize=65536)
@@ -137,6 +139,9 @@ class RecoveredState:
     sessions: dict[str, StoredSession] = field(default_factory=dict)
     retained: list[Message] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # Session replication: the delivery records of the copies this node holds of other
+    # members' sessions, client id -> delivery seq -> record (`put_replica_delivery`).
+    replica: dict[str, dict[int, bytes]] = field(default_factory=dict)
     skipped: int = 0  # unreadable values, logged with their keys
 
 
@@ -651,6 +656,39 @@ class SessionStore(ABC):
         self._other_changes().delete_range("streams", start, end)
         self._changed()
 
+    # Session replication (`replication.service`): the deliveries of a copy this node
+    # holds of another member's session, keyed as the `queue` family's (client id \0
+    # delivery seq), so a copy costs its replica the bytes the session costs its owner.
+
+    def put_replica_delivery(self, client_id: str, seq: int, encoder: Callable[..., bytes], *args: Any) -> None:
+        """A copy's delivery record, encoded by `encoder(*args)` when written."""
+        self._put("replica", session_prefix(client_id) + pack_seq(seq), encoder, *args)
+        self._changed()
+
+    def delete_replica_deliveries(self, client_id: str, seqs: Iterable[int]) -> None:
+        """A copy's delivery records: a run of consecutive seqs is one range tombstone
+        (as the `queue` family's acknowledged runs are)."""
+        prefix = session_prefix(client_id)
+        ordered = sorted(seqs)
+        i, n = 0, len(ordered)
+        while i < n:
+            j = i + 1
+            while j < n and ordered[j] == ordered[i] + j - i:
+                j += 1
+            if j - i >= MIN_RANGE_RUN:
+                self._other_changes().delete_range("replica", prefix + pack_seq(ordered[i]),
+                                                   prefix + pack_seq(ordered[j - 1] + 1))
+            else:
+                for seq in ordered[i:j]:
+                    self._delete("replica", prefix + pack_seq(seq))
+            i = j
+        self._changed()
+
+    def delete_replica_copy(self, client_id: str) -> None:
+        """Every delivery record of a copy (one range tombstone)."""
+        self._delete_prefix("replica", session_prefix(client_id))
+        self._changed()
+
     # -- start-up ---------------------------------------------------------------------------
 
     def load(self) -> RecoveredState:
@@ -762,6 +800,12 @@ class SessionStore(ABC):
                 state.meta[key.decode("utf-8")] = records.decode_value(value)
             except (records.RecordError, UnicodeDecodeError) as exc:
                 bad("meta", key, exc)
+        for key, value in self.scan("replica"):
+            try:
+                cid, suffix = split_key(key)
+                state.replica.setdefault(cid, {})[_seq(suffix)] = value
+            except (records.RecordError, UnicodeDecodeError) as exc:
+                bad("replica", key, exc)
         return state
 
 

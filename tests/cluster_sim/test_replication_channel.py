@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import trio
 
-from replication.service import DELIVERY_META, Replication
+from replication.service import Replication
 from simulation.cluster import SimCluster
 from tests.cluster_sim.helpers import numbers, sim, wait_route
 
@@ -85,14 +85,13 @@ async def delivery_writes_on_the_replicas(c: SimCluster) -> int:
     for n in ("n1", "n2"):
         replica = replication(c, n)
         store: Any = replica.store
-        put_meta = store.put_meta
+        put = store.put_replica_delivery
 
-        def counting(key: str, value: object, put_meta: Any = put_meta) -> None:
-            if key.startswith(DELIVERY_META):
-                writes[0] += 1
-            put_meta(key, value)
+        def counting(*args: Any, put: Any = put) -> None:
+            writes[0] += 1
+            put(*args)
 
-        store.put_meta = counting
+        store.put_replica_delivery = counting
     sub = await c.connect("n0", "keeps-up", clean_start=False, session_expiry=EXPIRY)
     await sub.subscribe("up/q", 1)
     await wait_route(c, "up/q", {"n0"})
