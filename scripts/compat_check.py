@@ -12,6 +12,12 @@ cannot be).
     python scripts/compat_check.py                  # against OLD_DEFAULT
     python scripts/compat_check.py --old v0.1.0     # any commit, tag or branch
 
+Then two nodes, one of `--old-replicating` (a commit with session replication,
+OLD_REPLICATING by default) and one of this tree, copy a persistent session to each
+other: the client's owner is killed with 50 messages queued and acknowledged (in
+`sync` mode: each on the other node's disk first), and the client, back on the other
+node, gets its session and all 50, in both directions.
+
 The old commit is exported with `git archive` into a temporary directory; each node is
 `python -m mesh.cli` with PYTHONPATH set to its tree. Exit 0 when every check passes,
 1 when one fails (its reason printed), 2 when the old commit cannot be exported.
@@ -40,6 +46,10 @@ from tests.support import Client, free_port  # noqa: E402
 
 # The last commit before the house (issue 19) changed the shape of every package.
 OLD_DEFAULT = "9ea2f5a"
+# The first commit with session replication (issue 29): a `repl` query per batch, no
+# channels; this tree's owner falls back to queries for it.
+OLD_REPLICATING = "e5edf2a"
+REPLICATING = ("--session-replicas", "2", "--session-replication", "sync")
 TIMEOUT = 30.0
 
 
@@ -100,6 +110,10 @@ class Node:
     def routes(self) -> dict[str, set[str]]:
         status, body = request_json(f"127.0.0.1:{self.http}", "GET", "/api/v1/routes")
         return {r["filter"]: set(r["nodes"]) for r in body["routes"]} if status == 200 else {}
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -191,6 +205,36 @@ def replication_beside_older(new: Node, old: Node, nodes: list[Node]) -> None:
     again.disconnect()
 
 
+def taken_over_from_the_other(owner: Node, other: Node, tag: str) -> None:
+    """Two nodes, each with 2 copies of a session: a persistent session on `owner`,
+    50 QoS 1 messages published on `other` (each PUBACK waited for `other`'s copy), the
+    owner killed: the client on `other` gets its session and the 50, in order."""
+    nodes = [owner, other]
+    for n in nodes:
+        wait_for(lambda n=n: sum(s == "alive" for s in n.members().values()) == 2, TIMEOUT, f"{n.name} sees 2 alive")
+    client_id = f"xrep-{tag}"
+    sub = Client(client_id, version=5, clean=False)
+    sub.connect(owner.mqtt, expiry=3600)
+    sub.subscribe(f"xrep/{tag}/#", 1)
+    for n in nodes:
+        wait_for(lambda n=n: n.routes().get(f"xrep/{tag}/#") == {owner.name}, TIMEOUT,
+                 f"{n.name} routes xrep/{tag}/# to {owner.name}")
+    sub.disconnect()
+    pub = Client(f"pub-xrep-{tag}", version=4)
+    pub.connect(other.mqtt)
+    for i in range(50):
+        pub.publish(f"xrep/{tag}/{i}", str(i).encode(), qos=1)
+    pub.disconnect()
+    owner.kill()
+    wait_for(lambda: other.members().get(owner.name) != "alive", TIMEOUT, f"{other.name} sees {owner.name} dead")
+    again = Client(client_id, version=5, clean=False)
+    flags, _, _ = again.connect(other.mqtt, expiry=3600)
+    assert flags.session_present, f"{owner.name} -> {other.name}: no session on the replica"
+    got = [int(m.payload) for m in again.expect(50)]
+    assert got == list(range(50)), f"{owner.name} -> {other.name}: queue {got}"
+    again.disconnect()
+
+
 def query_older(new: Node, older: list[Node]) -> None:
     """A cluster-wide question asked on a new node: the older ones, which know no cluster
     queries, are named missing (and, as the forward checks after this one show, their
@@ -232,12 +276,66 @@ def stream_replay(new: Node) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", default=OLD_DEFAULT, help=f"the older commit (default {OLD_DEFAULT})")
+    parser.add_argument("--old-replicating", default=OLD_REPLICATING,
+                        help=f"an older commit with session replication (default {OLD_REPLICATING}; 'none' skips)")
     args = parser.parse_args(argv)
+    failed = mixed(args.old)
+    if failed or args.old_replicating == "none":
+        return failed
+    return replicating(args.old_replicating)
+
+
+def run_checks(checks: list[tuple[str, Callable[[], None]]], nodes: list[Node], work: Path) -> int:
+    for name, check in checks:
+        started = time.monotonic()
+        try:
+            check()
+        except AssertionError as exc:
+            print(f"FAIL  {name}: {exc}  (logs in {work})")
+            for n in nodes:
+                n.stop()
+                print(f"--- {n.name}\n" + (work / f"{n.name}.log").read_text()[-3000:])
+            return 1
+        print(f"ok    {name} ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+def replicating(rev: str) -> int:
+    """A node of `rev` (with session replication) and one of this tree copy each
+    other's sessions: a takeover from the other's copy, in both directions."""
+    nodes: list[Node] = []
+    with tempfile.TemporaryDirectory(prefix="meshd-compat-repl-") as tmp:
+        work = Path(tmp)
+        (work / "old").mkdir()
+        old = export(rev, work / "old")
+        print(f"old (replicating): {old}")
+        try:
+            a = Node("old-r", work / "old", work, seed=None, extra=REPLICATING)
+            nodes.append(a)
+            b = Node("new-r", ROOT, work, seed=a.gossip, extra=REPLICATING)
+            nodes.append(b)
+
+            def then_new_owner() -> None:
+                c = Node("old-r2", work / "old", work, seed=b.gossip, extra=REPLICATING)
+                nodes.append(c)
+                taken_over_from_the_other(b, c, "n2o")
+
+            return run_checks([
+                ("replication: old owner killed, taken over from the new node's copy",
+                 lambda: taken_over_from_the_other(a, b, "o2n")),
+                ("replication: new owner killed, taken over from the old node's copy", then_new_owner),
+            ], nodes, work)
+        finally:
+            for n in nodes:
+                n.stop()
+
+
+def mixed(rev: str) -> int:
     nodes: list[Node] = []
     with tempfile.TemporaryDirectory(prefix="meshd-compat-") as tmp:
         work = Path(tmp)
         (work / "old").mkdir()
-        old = export(args.old, work / "old")
+        old = export(rev, work / "old")
         new = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         print(f"old: {old}  new: {new} (this tree)")
         try:
@@ -261,21 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                 ("replication on new beside older nodes: degraded, nothing lost",
                  lambda: replication_beside_older(b, a, nodes)),
             ]
-            for name, check in checks:
-                started = time.monotonic()
-                try:
-                    check()
-                except AssertionError as exc:
-                    print(f"FAIL  {name}: {exc}  (logs in {work})")
-                    for n in nodes:
-                        n.stop()
-                        print(f"--- {n.name}\n" + (work / f"{n.name}.log").read_text()[-3000:])
-                    return 1
-                print(f"ok    {name} ({time.monotonic() - started:.1f} s)")
+            return run_checks(checks, nodes, work)
         finally:
             for n in nodes:
                 n.stop()
-    return 0
 
 
 if __name__ == "__main__":
