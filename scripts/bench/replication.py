@@ -6,7 +6,7 @@ side in one run (the configurations alternate, `--reps` times each).
 The subscriber (MQTT 5, clean start 0, session expiry 3600) is connected to n0 and
 acknowledges every message; `--publishers` publishers on n1 and n2 keep `--window` QoS 1
 PUBLISHes outstanding each for `--seconds`.  Per run: messages acknowledged per second,
-publish-to-PUBACK latency p50/p99, the three nodes' CPU seconds per 1,000 messages
+publish-to-PUBACK latency p50/p90/p99, the three nodes' CPU seconds per 1,000 messages
 (from /proc), and the session store's bytes on disk per node.
 
     python scripts/bench/replication.py                    # 3 reps x 3 configs, 5 s each
@@ -219,6 +219,7 @@ def one_run(config: str, seconds: float, publishers: int, window: int,
                 n.__exit__()
     return {"config": config, "rate": rate or None, "acked": acked, "msg_per_s": round(acked / elapsed, 1),
             "p50_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
+            "p90_ms": round(lat[int(len(lat) * 0.90) - 1] * 1000, 2) if lat else None,
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 2) if lat else None,
             "cpu_ms_per_1000": round(cpu / max(acked, 1) * 1e6, 1),
             "node_cpu_ms_per_1000": {k: round(v / max(acked, 1) * 1e6, 1) for k, v in per_node.items()},
@@ -251,14 +252,15 @@ def main() -> int:
                 f.write(json.dumps(row) + "\n")
                 rows[config].append(row)
     base = statistics.median(float(str(r["msg_per_s"])) for r in rows.get("1", [])) if rows.get("1") else None
-    print("\nconfig     msg/s (median)  x of 1   p50 ms  p99 ms  CPU ms/1000 msg")
+    print("\nconfig     msg/s (median)  x of 1   p50 ms  p90 ms  p99 ms  CPU ms/1000 msg")
     for config, runs in rows.items():
         rate = statistics.median(float(str(r["msg_per_s"])) for r in runs)
         ratio = f"{rate / base:.2f}" if base else "-"
         p50 = statistics.median(float(str(r["p50_ms"])) for r in runs)
+        p90 = statistics.median(float(str(r["p90_ms"])) for r in runs)
         p99 = statistics.median(float(str(r["p99_ms"])) for r in runs)
         cpu = statistics.median(float(str(r["cpu_ms_per_1000"])) for r in runs)
-        print(f"{config:<10} {rate:>14.0f}  {ratio:>6}  {p50:>7.2f} {p99:>7.2f}  {cpu:>8.1f}")
+        print(f"{config:<10} {rate:>14.0f}  {ratio:>6}  {p50:>7.2f} {p90:>7.2f} {p99:>7.2f}  {cpu:>8.1f}")
     return 0
 
 
