@@ -139,6 +139,10 @@ class ClusterCounts(Protocol):
     @property
     def routes_of_gone_ignored(self) -> int: ...
     @property
+    def pulled_snapshot_filters(self) -> int: ...
+    @property
+    def pulled_delta_changes(self) -> int: ...
+    @property
     def forwarded_out(self) -> int: ...
     @property
     def forwarded_in(self) -> int: ...
@@ -232,6 +236,12 @@ def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCoun
     m.counter_callback("meshd_routes_of_gone_members_ignored_total",
                        "route snapshots, deltas and digest entries of members held dead or left, not taken from peers",
                        lambda: cluster.routes_of_gone_ignored)
+    m.counter_callback("meshd_route_pull_snapshot_filters_total",
+                       "filters of whole route states (snapshots) pulled from peers",
+                       lambda: cluster.pulled_snapshot_filters)
+    m.counter_callback("meshd_route_pull_delta_changes_total",
+                       "route changes pulled from peers' delta logs (what a gap lacked)",
+                       lambda: cluster.pulled_delta_changes)
     m.counter_callback("meshd_forwarded_out_total", "messages forwarded to other nodes", lambda: cluster.forwarded_out)
     m.counter_callback("meshd_forwarded_in_total", "messages received from other nodes", lambda: cluster.forwarded_in)
     m.counter_callback(

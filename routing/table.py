@@ -202,14 +202,15 @@ class _OriginState:
     # a state taken from a snapshot starts with an empty one.
     log: deque[tuple[str, bool]] = field(default_factory=_new_log)
 
-    def changes_since(self, version: int) -> list[tuple[str, bool]] | None:
-        """Changes `version + 1` .. `self.version` from the log; None if it does not
-        reach back that far."""
+    def changes_since(self, version: int, limit: int | None = None) -> list[tuple[str, bool]] | None:
+        """Changes `version + 1` .. `self.version` from the log (the first `limit` of
+        them, when given); None if it does not reach back that far."""
         missing = self.version - version
         log = self.log
         if missing < 0 or missing > len(log):
             return None
-        return list(islice(log, len(log) - missing, None))
+        start = len(log) - missing
+        return list(islice(log, start, None if limit is None else start + limit))
 
     def set(self, topic_filter: str, present: bool) -> bool:
         """Apply one change; True if it changed the entry set."""
@@ -504,10 +505,23 @@ class RouteTable:
         self._staged_by_origin.pop(origin, None)
         self._held_states.pop(origin, None)
         state = self.remote.pop(origin, None)
+        self._unsynced_drain(origin)
         if state is None:
             return 0
         self._drain_trie(origin, state.filters)
         return len(state.filters)
+
+    def _unsynced_drain(self, origin: str) -> None:
+        """Trie entries of `origin` still to follow a swapped-in state now follow a
+        drop: lookups skip the origin until they are gone (a snapshot swapped in with
+        fewer filters, then the origin dropped before its slices ran, left it named by
+        lookups while neither held nor known)."""
+        runs = sum(1 for o, _, dropped in self._unsynced if o == origin and not dropped)
+        if not runs:
+            return
+        self._unsynced = deque((o, f, dropped or o == origin) for o, f, dropped in self._unsynced)
+        self._draining[origin] = self._draining.get(origin, 0) + runs
+        self._matched = {}
 
     def _drain_trie(self, origin: str, filters: set[str]) -> None:
         """Queue `filters` of an origin no longer routed by them for `settle`."""
@@ -631,15 +645,17 @@ class RouteTable:
         return snaps, more
 
     def newer_than(self, peer_digest: Mapping[str, OriginDigest], max_filters: int | None = None,
-                   origins: Collection[str] | None = None,
-                   delta_piece: int = 0) -> tuple[list[RouteSnapshot], list[RouteDelta], bool]:
+                   origins: Collection[str] | None = None, delta_piece: int = 0,
+                   max_changes: int | None = None) -> tuple[list[RouteSnapshot], list[RouteDelta], bool]:
         """`snapshots_newer_than`, but with `delta_piece` > 0, an origin the peer holds
         in the same epoch at a version our delta log reaches back to comes as the
         changes it lacks (deltas of at most `delta_piece` changes each), not whole;
-        changes count as filters against `max_filters`."""
+        changes count as filters against `max_filters`, and at most `max_changes` go
+        (a run of changes may be cut: the answer then says there is more, and the
+        peer asks again from where it got to)."""
         snaps: list[RouteSnapshot] = []
         deltas: list[RouteDelta] = []
-        filters = 0
+        filters = changed = 0
         for origin, (epoch, version, _) in self.digest().items():
             if origins is not None and origin not in origins:
                 continue
@@ -647,22 +663,35 @@ class RouteTable:
             if theirs is not None and (epoch, version) <= (theirs.epoch, theirs.version):
                 continue
             state = self.local if origin == self.node_id else self.remote[origin]
-            changes = None
+            size = len(state.filters)
+            missing = None
             if delta_piece > 0 and theirs is not None and theirs.epoch == epoch:
-                changes = state.changes_since(theirs.version)
-                if changes is not None and len(changes) > max(DELTAS_ALWAYS, len(state.filters)):
-                    changes = None  # the snapshot is the smaller answer
-            size = len(changes) if changes is not None else len(state.filters)
-            if (snaps or deltas) and max_filters is not None and filters + size > max_filters:
-                return snaps, deltas, True
-            filters += size
-            if changes is None:
+                missing = version - theirs.version
+                if missing > len(state.log) or missing > max(DELTAS_ALWAYS, size):
+                    missing = None  # out of the log's reach, or the snapshot is the smaller answer
+            if missing is None:
+                if (snaps or deltas) and max_filters is not None and filters + size > max_filters:
+                    return snaps, deltas, True
+                filters += size
                 snaps.append(self.snapshot_of(origin))
                 continue
-            first = theirs.version + 1 if theirs is not None else 1
-            for at in range(0, len(changes), delta_piece):
-                piece = tuple(changes[at:at + delta_piece])
-                deltas.append(RouteDelta(origin, epoch, first + at, piece))
+            room = missing
+            if max_filters is not None:
+                room = min(room, max_filters - filters)
+            if max_changes is not None:
+                room = min(room, max_changes - changed)
+            if room <= 0:
+                return snaps, deltas, True
+            assert theirs is not None
+            changes = state.changes_since(theirs.version, room)
+            assert changes is not None
+            filters += room
+            changed += room
+            first = theirs.version + 1
+            for at in range(0, room, delta_piece):
+                deltas.append(RouteDelta(origin, epoch, first + at, tuple(changes[at:at + delta_piece])))
+            if room < missing:
+                return snaps, deltas, True
         return snaps, deltas, False
 
     def pull_digest(self) -> Digest:

@@ -17,7 +17,10 @@ default `max_subscriptions_per_client`), in SUBSCRIBEs of 1,000 filters, and the
 (the seconds that took, and each node's resident memory then, go into the line); the
 rounds then time a route delta at that table size. With `--join`, after the rounds a
 new node starts (seeded with node 0) and the time from its start until its own table
-holds all N routes is measured: how long a new node takes to receive the whole table.
+holds all N routes is measured: how long a new node takes to receive the whole table
+(and the CPU seconds its process used until then, which move less with the machine's
+load). `preload_dead`, `rounds_dead` and `join_dead` count the `member.dead` lines the
+nodes logged in each phase (one per node that declared a member dead).
 
 Prints median and p99 (seconds) and writes one JSON line per run to
 scripts/bench/results/route_convergence.jsonl (git-ignored; a result lands in RESULTS.md
@@ -118,15 +121,27 @@ def one_round(nodes: list[MeshdProcess], publishers: list[Client], topic: str, t
 def route_count(node: MeshdProcess) -> int:
     """The node's `meshd_routes` gauge; 0 while it does not answer (a node applying a
     part of a big table holds its event loop for a while)."""
+    return metric(node, "meshd_routes")
+
+
+def metric(node: MeshdProcess, name: str) -> int:
+    """One of the node's metrics without labels; 0 while it does not answer."""
     host, port = node.http_addr.rsplit(":", 1)
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30) as r:
             for line in r.read().decode().splitlines():
-                if line.startswith("meshd_routes "):
+                if line.startswith(name + " "):
                     return int(float(line.split()[1]))
     except OSError:  # URLError and timeouts included: not answering now
         return 0
     return 0
+
+
+def pulled(nodes: list[MeshdProcess]) -> dict[str, int]:
+    """What route sync pulled, summed over `nodes`: filters of whole snapshots, and
+    changes from peers' delta logs."""
+    return {"pulled_snapshot_filters": sum(metric(n, "meshd_route_pull_snapshot_filters_total") for n in nodes),
+            "pulled_delta_changes": sum(metric(n, "meshd_route_pull_delta_changes_total") for n in nodes)}
 
 
 def rss_mb(node: MeshdProcess) -> float:
@@ -136,6 +151,15 @@ def rss_mb(node: MeshdProcess) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_s(node: MeshdProcess) -> float:
+    """CPU seconds (user + system) the node's process has used so far: on a shared
+    machine the wall time of a join moves with the load, its CPU much less."""
+    assert node.proc is not None
+    with open(f"/proc/{node.proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_routes(nodes: list[MeshdProcess], total: int, timeout: float) -> float:
@@ -194,9 +218,21 @@ def join(nodes: list[MeshdProcess], preset: str, workdir: str, total: int, timeo
         started = time.monotonic() - t0
         wait_routes([new], total, timeout)
         return {"join_s": round(time.monotonic() - t0, 2), "join_start_s": round(started, 2),
-                "join_rss_mb": round(rss_mb(new), 1)}
+                "join_rss_mb": round(rss_mb(new), 1), "join_cpu_s": round(cpu_s(new), 2),
+                **{f"join_{k}": v for k, v in pulled([new]).items()}}
     finally:
         new.__exit__()
+
+
+def deaths(workdir: str) -> int:
+    """`member.dead` lines in the nodes' logs so far: one per member declared dead by a
+    node (a member declared dead by all nine others counts nine)."""
+    count = 0
+    for name in os.listdir(workdir):
+        if name.endswith(".log"):
+            with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
+                count += sum("member.dead" in line for line in f)
+    return count
 
 
 def run(nodes_n: int, rounds: int, preset: str, timeout: float, preload_n: int = 0, do_join: bool = False,
@@ -209,6 +245,7 @@ def run(nodes_n: int, rounds: int, preset: str, timeout: float, preload_n: int =
             if preload_n:
                 loaders, figures = preload(nodes, preload_n, preload_timeout)
                 extra.update(figures)
+                extra["preload_dead"] = deaths(workdir)
             publishers = []
             for i, node in enumerate(nodes):
                 p = Client(f"conv-pub-{i}", version=5)
@@ -222,8 +259,11 @@ def run(nodes_n: int, rounds: int, preset: str, timeout: float, preload_n: int =
                 missing += nodes_n - 1 - len(got)
             for p in publishers:
                 p.disconnect()
+            extra["rounds_dead"] = deaths(workdir) - extra.get("preload_dead", 0)
+            extra.update(pulled(nodes))
             if do_join:
                 extra.update(join(nodes, preset, workdir, extra.get("preload_routes", 0), preload_timeout))
+                extra["join_dead"] = deaths(workdir) - extra["rounds_dead"] - extra.get("preload_dead", 0)
             for c in loaders:
                 c.disconnect()
         finally:
@@ -263,7 +303,7 @@ def main() -> int:
           f"median {result['median_s']:.3f} s, p99 {result['p99_s']:.3f} s, max {result['max_s']:.3f} s "
           f"({result['samples']} samples, {result['missing']} missing)")
     if args.preload or args.join:
-        print(json.dumps({k: v for k, v in result.items() if k.startswith(("preload", "rss", "join"))}))
+        print(json.dumps({k: v for k, v in result.items() if k.startswith(("preload", "rss", "join", "rounds_dead", "pulled"))}))
     return 0 if result["missing"] == 0 else 1
 
 
