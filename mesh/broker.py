@@ -1092,11 +1092,14 @@ class Broker:
         for key in self.remembered.pop(client_id, ()):
             self.store.delete_meta(_remembered_meta(client_id, key))
 
-    def merge_session(self, stored: StoredSession, now: float) -> int:
+    def merge_session(self, stored: StoredSession, now: float, *, ahead_of: int | None = None) -> int:
         """Another node's copy of a session this node owns (a takeover that fell back,
         a netsplit): subscriptions it lacks are added, its inflight and queued messages
-        join the queue unless already here (same origin and message id).  Returns how
-        many messages were added."""
+        join the queue unless already here (same origin and message id).  `ahead_of`: a
+        delivery sequence number; the queued deliveries from it on (come since, as the
+        messages held for a dead owner are fetched at a takeover) are merged with the
+        copy's in the order their origin nodes numbered them, so each publisher's come
+        in its order.  Returns how many messages were added."""
         session = self.sessions.get(stored.client_id)
         if session is None:
             self.install_session(stored, now)
@@ -1107,25 +1110,47 @@ class Broker:
                 self._index_subscription(session.client_id, *parse_shared_subscription(topic_filter))
                 if session.stored:
                     self.store.put_subscription(session.client_id, topic_filter, options)
+        since: list[Delivery] = []
+        if ahead_of is not None and session.queued:
+            queue = session.queue
+            while queue and queue[-1].seq >= ahead_of:
+                since.append(queue.pop())
+            since.reverse()
+            if session.stored:
+                for d in since:
+                    self.store.release_delivery(session.client_id, d)  # queued again below, renumbered
         known = set(self.remembered.get(session.client_id, ()))
         known.update((e.delivery.message.origin, e.delivery.message.msg_id) for e in session.inflight.values())
         known.update((d.message.origin, d.message.msg_id) for d in (session.queue if session.queued else ()))
-        added = 0
-        merging = [d for _, d, _ in stored.inflight] + stored.queue
-        # Accepted on the session's behalf already: the queue limit (against a slow
-        # consumer) drops none of it (README "Session replication").
-        queued_before = session.recovery_starts(len(merging))
-        for d in merging:
+        known.update((d.message.origin, d.message.msg_id) for d in since)
+        added: list[tuple[Delivery, bool]] = []
+        for d in [d for _, d, _ in stored.inflight] + stored.queue:
             key = (d.message.origin, d.message.msg_id)
             if key in known or d.message.expired(now):
                 continue
             known.add(key)
             copy = Delivery(d.message, d.qos, d.retain, d.subscription_ids)
             copy.dup = d.dup
-            self.deliver(session, copy, now)
-            added += 1
+            added.append((copy, True))
+        merging = list(added)
+        if since:
+            for d in since:
+                again = Delivery(d.message, d.qos, d.retain, d.subscription_ids)  # a new record
+                again.dup = d.dup
+                merging.append((again, False))
+            # Message ids rise with each origin node's publishes: one publisher's
+            # messages keep its order (the sort is stable).
+            merging = sorted(merging, key=lambda item: item[0].message.msg_id)
+        # Accepted on the session's behalf already: the queue limit (against a slow
+        # consumer) drops none of it (README "Session replication").
+        queued_before = session.recovery_starts(len(merging))
+        for d, new in merging:
+            if new:
+                self.deliver(session, d, now)
+            else:
+                self.enqueue(session, d)  # delivered here before: remembered already
         session.recovery_ended(len(merging), queued_before)
-        return added
+        return len(added)
 
     def discard_session(self, client_id: str, now: float) -> None:
         """Forget a session without its will (handed to another node, or a handoff undone)."""

@@ -94,7 +94,7 @@ class SessionHost(Protocol):
 
     def merge_handed_tail(self, session: Session, add: list[Delivery], drop: list[Delivery]) -> None: ...
 
-    def merge_session(self, stored: StoredSession, now: float) -> int: ...
+    def merge_session(self, stored: StoredSession, now: float, *, ahead_of: int | None = None) -> int: ...
 
     def remember(self, client_id: str, keys: Iterable[tuple[str | None, int]]) -> None: ...
 
@@ -449,6 +449,9 @@ class Handoffs:
         replicas = self.replicas
         assert replicas is not None
         session = self.broker.install_session(stored, self.clock.wall())
+        # What reaches the session directly from now on is newer than what members held
+        # for the dead owner (a member's forwards to it came first): it goes behind that.
+        direct_from = session.next_seq
         self.stats.from_replica += 1
         # As in `_fallback`: the owner's own copy is merged here if it comes back, and
         # what this session is given meanwhile must not be delivered twice then.
@@ -459,7 +462,7 @@ class Handoffs:
         await self._fence(owner, {})
         merge.queue += await replicas.held_for(client_id, owner, session.subscriptions)
         if merge.queue:
-            added = self.broker.merge_session(merge, self.clock.wall())
+            added = self.broker.merge_session(merge, self.clock.wall(), ahead_of=direct_from)
             log.info("session %s: %d messages held for %s merged at the takeover (%d queued)",
                      client_id, added, owner, session.queued)
         replicas.taken_over(client_id, owner)

@@ -81,3 +81,18 @@ def test_a_clean_session_taken_over_elsewhere_ends_here():
     b.subscribe(session, Subscription("k/#", 0), None, 1000.0)
     assert b.detach_for_handoff("c", 1001.0) is None
     assert conn.closed == 0x8E and "c" not in b.sessions and b.subscriptions.match("k/x") == []
+
+
+def test_held_messages_merged_at_a_takeover_go_before_newer_ones_that_came_directly():
+    """`ahead_of`: what reached the session since its install (direct forwards) and
+    what members held for the dead owner join the queue in the order their origin
+    nodes numbered them; one that came both ways is queued once."""
+    b = Broker(node_id="B")
+    session = b.install_session(stored([delivery(msg("C", 1), 5)]), now=1000.0)
+    since = session.next_seq
+    for i in (4, 6):  # direct, while the held ones were being fetched
+        b.deliver(session, Delivery(msg("C", i), 1, False, ()), now=1000.5)
+    held = stored([delivery(msg("C", i), 0) for i in (2, 3, 4, 5)])
+    assert b.merge_session(held, now=1001.0, ahead_of=since) == 3
+    assert [d.message.msg_id for d in session.queue] == [1, 2, 3, 4, 5, 6]
+    assert [d.seq for d in session.queue] == sorted(d.seq for d in session.queue)
