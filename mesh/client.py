@@ -557,6 +557,9 @@ class Client:
             # Sync session replication: a QoS 2 PUBLISH leaves once its packet id is on
             # the replicas, so a takeover resends it under the same id (exactly once).
             self._write_when_durable(data)
+        elif d.qos == 2 and self.broker.store.exchange_floor is not None and self.session is not None \
+                and self.session.stored:
+            self._write_when_replicated(data)  # the same in async replication
         else:
             self.write(data)
         if self.broker.hooks.message_delivered:
@@ -765,6 +768,25 @@ class Client:
         self._pending_acks.append((store.write_epoch, None, data))
         self.broker.ack_waiters[self] = None
 
+    def _write_when_replicated(self, data: bytes) -> None:
+        """Write `data` once every store change made so far is on the session's
+        replicas (`async` replication: `SessionStore.when_replicated`), behind what
+        already waits."""
+        gate = AckGate()
+        gate.waiting = 1
+
+        def replicated() -> None:
+            gate.waiting = 0  # the replication service wakes the waiters (`Broker.on_durable`)
+
+        self.broker.store.when_replicated(self.broker.store.write_epoch, replicated)
+        if not self._pending_acks and not gate.waiting:
+            self.write(data)
+            return
+        if self._pending_acks is None:
+            self._pending_acks = deque()
+        self._pending_acks.append((0, gate, data))
+        self.broker.ack_waiters[self] = None
+
     def release_acks(self, durable_epoch: int) -> bool:
         """Send the acks that no longer wait (durable here, acknowledged by the nodes
         they were forwarded to); True when none are left."""
@@ -865,6 +887,8 @@ class Client:
             # leaves once the session's replicas know the PUBREL state; a node that takes
             # the session over then sends PUBREL again, not the PUBLISH as a new message.
             self._write_when_durable(data)
+        elif data and entry is not None and session.stored and self.broker.store.exchange_floor is not None:
+            self._write_when_replicated(data)  # the same in async replication
         elif data:
             self.write(data)
 

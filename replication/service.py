@@ -152,6 +152,11 @@ class ReplicaStore(Protocol):
 
     def hold_durable(self, floor: int | None) -> None: ...
 
+    def hold_exchanges(self, floor: int | None) -> None: ...
+
+    @property
+    def exchanges_waiting(self) -> bool: ...
+
     def on_session_change(self, tap: Any) -> None: ...
 
 
@@ -272,6 +277,7 @@ class Replication:
         self._peers: dict[str, _Peer] = {}
         self._failed: dict[str, float] = {}  # peer -> until when it is left out of placement
         self._floor: int | None = None
+        self._exchange_floor: int | None = None  # async: what QoS 2 exchanges to subscribers wait for
         self._alive: tuple[str, ...] = ()
         self._seq_base = int(clock.wall() * 1000) << SEQ_BASE_SHIFT
         self._nursery: trio.Nursery | None = None
@@ -383,7 +389,7 @@ class Replication:
         self.stats.changes += 1
         for peer in tracked.replicas:
             self._enqueue(peer, epoch, client_id, tracked.seq, kind, a, b)
-        if tracked.replicas and self._floor is None and self.mode == "sync":
+        if tracked.replicas and (self._exchange_floor if self.mode == "async" else self._floor) is None:
             self._update_floor()
 
     def session_changed(self, client_id: str, expiry_interval: int, protocol_level: int,
@@ -421,7 +427,7 @@ class Replication:
             peer = self._peer(name)
             peer.outbox.add_delivery(epoch, client_id, seq, delivery, state)
             peer.wake.set()
-        if self._floor is None and self.mode == "sync":
+        if (self._exchange_floor if self.mode == "async" else self._floor) is None:
             self._update_floor()
 
     def qos2_in_changed(self, client_id: str, packet_id: int, present: bool) -> None:
@@ -463,15 +469,32 @@ class Replication:
 
     def _update_floor(self) -> None:
         """Hold the store's durable epoch below the oldest change a replica has not
-        confirmed (sync mode), and wake the acknowledgements when it moves."""
+        confirmed (sync mode), and wake the acknowledgements when it moves.  `async`:
+        the same floor holds only the QoS 2 exchanges to subscribers (a PUBLISH or
+        PUBREL leaves once its packet id state is on the replicas, so a takeover sends
+        it again under the same id: exactly once), computed only while one waits."""
         floor: int | None = None
+        exchanges: int | None = None  # sync: the durable floor holds the exchanges too
         if self.mode == "sync" and not faults.ACK_BEFORE_REPLICA:
-            oldest = [o for o in (p.oldest() for p in self._peers.values()) if o is not None]
-            floor = min(oldest) - 1 if oldest else None
+            floor = self._oldest_unconfirmed()
+        elif self.mode == "async" and any(p.outbox or p.in_flight for p in self._peers.values()):
+            exchanges = self._exchange_floor
+            if exchanges is None or self.store.exchanges_waiting:
+                exchanges = self._oldest_unconfirmed()
+            # else: kept (lower than it may be now: an exchange would wait a little longer)
+        if exchanges != self._exchange_floor:
+            self._exchange_floor = exchanges
+            self.store.hold_exchanges(exchanges)
+            self.broker.on_durable()
         if floor != self._floor:
             self._floor = floor
             self.store.hold_durable(floor)
             self.broker.on_durable()
+
+    def _oldest_unconfirmed(self) -> int | None:
+        """Every change up to this epoch is on every replica (None: every change is)."""
+        oldest = [o for o in (p.oldest() for p in self._peers.values()) if o is not None]
+        return min(oldest) - 1 if oldest else None
 
     def backlog(self) -> int:
         """Sessions owned here still short of a copy they could have (re-replication

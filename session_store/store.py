@@ -304,6 +304,11 @@ class SessionStore(ABC):
         self.local_durable_epoch = 0
         self._replicated_floor: int | None = None
         self._local_waiters: list[tuple[int, Callable[[], None]]] = []
+        # `async` replication holds no acknowledgement, but an exchange that must be
+        # exactly once across the owner's death (a QoS 2 PUBLISH or PUBREL to a
+        # subscriber) waits until its packet id state is on the replicas (`hold_exchanges`).
+        self._exchange_floor: int | None = None
+        self._exchange_waiters: list[tuple[int, Callable[[], None]]] = []
 
     def on_session_change(self, tap: SessionTap | None) -> None:
         """Tell `tap` every change to a stored session from now on (one tap per store;
@@ -320,6 +325,36 @@ class SessionStore(ABC):
         is waited for): `durable_epoch` does not pass it."""
         self._replicated_floor = floor
         self._settle()
+
+    @property
+    def exchange_floor(self) -> int | None:
+        """What `hold_exchanges` says the replicas have (None: nothing unconfirmed)."""
+        return self._exchange_floor
+
+    def hold_exchanges(self, floor: int | None) -> None:
+        """`async` replication: every change up to `floor` is on the replicas (None:
+        every change is); the exchanges waiting for it (`when_replicated`) are called."""
+        self._exchange_floor = floor
+        waiters = self._exchange_waiters
+        if waiters:
+            ready = [cb for epoch, cb in waiters if floor is None or epoch <= floor]
+            if ready:
+                self._exchange_waiters = [(e, cb) for e, cb in waiters if floor is not None and e > floor]
+                for cb in ready:
+                    cb()
+
+    @property
+    def exchanges_waiting(self) -> bool:
+        return bool(self._exchange_waiters)
+
+    def when_replicated(self, epoch: int, callback: Callable[[], None]) -> None:
+        """Call `callback` once every change up to `epoch` is on the replicas
+        (`hold_exchanges`; at once when nothing is unconfirmed)."""
+        floor = self._exchange_floor
+        if floor is None or epoch <= floor:
+            callback()
+        else:
+            self._exchange_waiters.append((epoch, callback))
 
     def when_locally_durable(self, epoch: int, callback: Callable[[], None]) -> None:
         """Call `callback` once every change up to `epoch` is on this node's disk

@@ -319,3 +319,22 @@ def test_random_operations_survive_reopen_and_match_memory(tmp_path_factory, ops
         reopened.close()
     assert after == before
     assert after == snapshot(memory.load())
+
+
+def test_exchanges_wait_for_the_async_replicas_floor():
+    """`async` replication holds no acknowledgement, only what `when_replicated` waits
+    for: called at once with nothing unconfirmed, else once `hold_exchanges` passes its
+    epoch (None: every change is on the replicas)."""
+    store = MemoryStore()
+    called: list[int] = []
+    store.when_replicated(5, lambda: called.append(5))
+    assert called == [5]
+    store.hold_exchanges(3)
+    store.when_replicated(4, lambda: called.append(4))
+    store.when_replicated(6, lambda: called.append(6))
+    assert called == [5] and store.exchanges_waiting and store.exchange_floor == 3
+    store.hold_exchanges(4)
+    assert called == [5, 4]
+    store.hold_exchanges(None)
+    assert called == [5, 4, 6] and not store.exchanges_waiting
+    assert store.durable_epoch == store.local_durable_epoch  # acknowledgements never held
