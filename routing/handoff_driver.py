@@ -674,6 +674,8 @@ class Handoffs:
                     return "ok"
                 if step.why in ("superseded", "aborted"):
                     raise _Superseded()
+                if step.why == "forgot":
+                    raise HandoffError(f"{machine.owner} restarted or gave up during the handoff")
                 raise HandoffError(f"refused: {step.why}")
             else:
                 raise HandoffError(f"unexpected step {step!r}")
@@ -755,6 +757,8 @@ class Handoffs:
             # won (simulator seed 7633 of 3 nodes, 6 clients, 15 s: no SUBACK).
             del self.giving[cid]
             return "ho_state", {"ok": False, "why": "none"}
+        if giving is None and cid not in self.broker.connections and "h" in frame:
+            return "ho_state", self._forgotten_handoff(peer, cid, frame["h"])
         if giving is None or giving.taker != peer or session is None or cid in self.broker.connections:
             return "ho_state", {"ok": False, "why": "aborted"}
         cursor = int(frame.get("cur", 0))
@@ -776,6 +780,24 @@ class Handoffs:
             self._handed_over(cid, peer, now, giving.commit_seq, giving.fenced)
             return "ho_state", {"ok": True}
         raise ValueError(f"unknown handoff frame {kind!r}")
+
+    def _forgotten_handoff(self, peer: str, cid: str, stamp: object) -> Fields:
+        """A step of a handoff this node knows nothing of (it restarted, or gave up on
+        the taker, since it answered the `ho_begin`), its client not connected here: a
+        newer claim known here wins ("superseded"); else the taker's claim is the newest,
+        and it goes on with what it installed ("forgot"), as when the giver dies; the
+        copy here is pushed to it later (`_push_foreign_copies`), which needs its claim.
+        "aborted" closed the client's CONNECT with 0x8E though no newer CONNECT existed
+        (simulator seed 3614 of 3 nodes, 6 clients, 15 s: the giver was killed after
+        its `ho_begin` and restarted before the `ho_commit`)."""
+        claim = Claim(cid, peer, _stamp(stamp))
+        self.register.merge(claim, self._wall_ms())
+        current = self.register.get(cid)
+        if current is not None and current.stamp > claim.stamp:
+            return {"ok": False, "why": "superseded", "own": current.to_wire()}
+        log.info("%s: %s asks on with a handoff not known here (restarted or given up since); it keeps its copy",
+                 cid, peer)
+        return {"ok": False, "why": "forgot"}
 
     def _handed_over(self, cid: str, taker: str, now: float, commit_seq: int | None = None,
                      fenced: dict[str, int] | None = None, unconfirmed: bool = False) -> None:

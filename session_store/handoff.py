@@ -204,8 +204,10 @@ class Redirect:
 @dataclass(slots=True)
 class Refused:
     """The owner would not hand over: `why` is 'superseded' (a newer CONNECT elsewhere
-    wins; close this client with 0x8E), 'none' (it holds no such session) or
-    'aborted' (the client came back to the owner meanwhile)."""
+    wins; close this client with 0x8E), 'none' (it holds no such session),
+    'aborted' (the client came back to the owner meanwhile) or 'forgot' (the owner
+    knows of no handoff to this taker any more: it restarted, or gave up on it, since
+    its `ho_begin`; the taker goes on with what it installed, as when the owner dies)."""
     why: str
 
 
@@ -239,7 +241,7 @@ class Takeover:
         if self.phase == "pull":
             self._take_chunk(frame)
             if frame.get("more"):
-                return Ask("ho_more", {"c": self.client_id, "cur": self.cursor})
+                return Ask("ho_more", self._fields())
             self.phase = "install"
             stored = stored_from_image(self.client_id, self.image, self.queue)
             self.base = stored.next_seq = max([stored.next_seq] + [d.seq + 1 for d in stored.queue]) + B_SEQ_BASE_GAP
@@ -249,7 +251,7 @@ class Takeover:
         if self.phase == "commit":
             self._take_chunk(frame)
             if frame.get("more"):
-                return Ask("ho_commit", {"c": self.client_id, "cur": self.cursor})
+                return Ask("ho_commit", self._fields())
             self.phase = "merge"
             tail, self.queue = self.queue, []
             self.messages += len(tail)
@@ -258,7 +260,13 @@ class Takeover:
 
     def installed(self) -> Ask:
         self.phase = "commit"
-        return Ask("ho_commit", {"c": self.client_id, "cur": self.cursor})
+        return Ask("ho_commit", self._fields())
+
+    def _fields(self) -> dict[str, Any]:
+        # "h" (optional; an older owner skips it): the claim again, so that an owner
+        # that forgot this handoff (restarted since `ho_begin`) can tell a newer CONNECT
+        # elsewhere from this one.
+        return {"c": self.client_id, "cur": self.cursor, "h": self.claim_wire}
 
     def merged(self) -> tuple[Ask, Finished]:
         self.phase = "done"

@@ -116,6 +116,7 @@ class SimClient:
         self._outgoing: dict[int, Publish | Pubrel] = {}  # unanswered, in send order (resend only)
         self._resumed = trio.Event()  # set when a connect ends: who waits to resend looks again
         self._connection = 0  # which connection the tasks belong to
+        self._ended = 0  # the last connection that ended (see `connect`)
 
     # ------------------------------------------------------------------ connecting
 
@@ -146,7 +147,10 @@ class SimClient:
             assert isinstance(connack, Connack)
             self.connack_reason = connack.reason_code
             self.session_present = connack.session_present
-            self.connected = connack.reason_code < 0x80
+            # A connection closed right after its CONNACK (0x8E and gone, say) may have
+            # ended before this resumed: it is not connected then, or the next request
+            # would wait for an answer that cannot come (its waiters already failed).
+            self.connected = connack.reason_code < 0x80 and self._ended != self._connection
             if connack.properties.assigned_client_identifier:
                 self.assigned_client_id = connack.properties.assigned_client_identifier
             self._emit("connack", client=self.client_id, node=node_id, reason=connack.reason_code,
@@ -330,6 +334,7 @@ class SimClient:
         if self.connected:
             self._emit("lost", client=self.client_id, node=self.node_id, why=why)
         self.connected = False
+        self._ended = self._connection
         self._fail_waiters()
 
     async def _reader(self, end: PipeEnd, connection: int) -> None:

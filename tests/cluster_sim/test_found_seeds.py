@@ -325,3 +325,14 @@ def test_a_stale_copy_restored_by_a_restart_is_merged_not_handed_over_as_the_ses
     # to that claimer ("moved", with "copy"), and its copy is merged at the taker only
     # after the claimer's, leaving out what the session was given there.
     assert simulate_seed(5, 20, 60, 138) == "seed=138 ok"
+
+
+def test_a_giver_restarted_between_begin_and_commit_does_not_close_the_connect_as_taken_over() -> None:
+    # Seed 3614 (3/6/15), no SUBACK: n2 answered s0's ho_begin for n1, was killed and
+    # was back before n1's ho_commit; knowing of no handoff it answered "aborted", and
+    # n1 closed the CONNECT it had just accepted with 0x8E, as if a newer CONNECT had
+    # won.  The giver now says "forgot" and the taker goes on with the copy it has
+    # (tests/cluster_sim/test_handoff.py has the scenario by itself).  The simulator's
+    # client also took a connection closed before its connect() resumed for a live one
+    # and waited for a SUBACK on it.
+    assert simulate_seed(3, 6, 15, 3614) == "seed=3614 ok"

@@ -3,7 +3,13 @@ finds its whole session there, whatever else is going on."""
 
 from __future__ import annotations
 
+from functools import partial
+
+import pytest
 import trio
+
+from session_store.model import Session
+from session_store.store import StoredSession
 
 from simulation.cluster import SimCluster
 from simulation.sim_client import SimClient
@@ -307,3 +313,45 @@ def test_a_publishers_unanswered_qos2_message_resent_after_a_move_is_delivered_o
         assert sub.payloads() == [b"exactly once"]
 
     sim(scenario)
+
+
+def test_a_giver_restarted_in_the_middle_of_a_handoff_does_not_close_the_connect_as_taken_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulator seed 3614 of 3 nodes, 6 clients, 15 s: the giver was killed after it
+    answered `ho_begin` and was back before the taker's `ho_commit`.  Restarted, it knew
+    of no handoff and answered 'aborted', which the taker took for a newer CONNECT
+    elsewhere: CONNACK, then DISCONNECT 0x8E, with no other connection anywhere.  It
+    now answers 'forgot': the taker goes on with the copy it installed, and the giver's
+    restored copy is merged into it later, nothing delivered twice."""
+
+    async def scenario(c: SimCluster) -> None:
+        sub = await subscribed_then_offline(c, "n0", "midway", "mid/#")
+        pub = await c.connect("n2", "pub-mid")
+        for i in range(5):
+            assert await pub.publish(f"mid/{i}", f"m{i}".encode(), qos=1) == 0  # durable on n0
+        taker = c.running("n1").broker
+        install = taker.install_session
+        installed = trio.Event()
+
+        def install_and_tell(stored: StoredSession, now: float) -> Session:
+            installed.set()  # the giver's ho_begin answer is here; its next step meets a restarted giver
+            return install(stored, now)
+
+        monkeypatch.setattr(taker, "install_session", install_and_tell)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(sub.reconnect, "n1", session_expiry=EXPIRY))
+            await installed.wait()
+            await c.kill("n0")
+            await c.run_for(1)  # back within the taker's handoff budget
+            await c.restart("n0")
+        assert sub.connected and sub.disconnect_reason is None, "closed as if taken over"
+        assert sub.session_present
+        await c.wait_for(lambda: len(sub.received) >= 5, 10, "the 5 queued messages")
+        await pub.publish("mid/new", b"new", qos=1)
+        await c.wait_for(lambda: b"new" in sub.payloads(), 10, "a new message")
+        # The restarted giver's copy goes to n1 and is merged there: nothing twice.
+        await c.wait_for(lambda: "midway" not in c.running("n0").broker.sessions, 20, "n0 pushed its copy")
+        await c.run_for(2)
+        assert sub.payloads() == [f"m{i}".encode() for i in range(5)] + [b"new"]
+
+    sim(scenario, session_replicas=1)
