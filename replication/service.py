@@ -52,7 +52,7 @@ from replication import changes, orphan_wills
 from replication.changes import ChangeError, ReplicaCopy
 from replication.outbox import Outbox, Taken
 from replication.placement import ranked, replicas_for
-from routing.queries import QueryChannel, QueryFailed, QueryRefused
+from routing.queries import QueryChannel, QueryFailed, QueryRefused, QueryUnanswered
 from mqtt.topics import topic_matches
 from mqtt import Will
 from session_store import records
@@ -66,6 +66,10 @@ log = logging.getLogger("meshd.replication")
 REPLICA_TIMEOUT = 2.0  # a replica that does not confirm a batch within this is replaced
 WRITE_CHECK = 0.5  # a replica waiting for its disk looks this often whether its writes fail
 FAILED_FOR = 30.0  # ... and left out of placement this long
+# A member of a version that cannot hold copies (it closes the `repl` query unanswered,
+# or does not know it) is left out of placement this long, or until it leaves the live
+# members (an upgrade restarts it), without a WARNING each time it is tried again.
+NO_COPIES_FOR = 600.0
 TAKEOVER_ASK_TIMEOUT = 1.5  # how long a takeover waits for members to say what copy they hold
 # How long a CONNECT that knows no claim of its session waits for the session's replica
 # set to say whether they hold a copy (every new persistent session asks: kept short).
@@ -276,6 +280,7 @@ class Replication:
         self._tracked: dict[str, _Tracked] = {}
         self._peers: dict[str, _Peer] = {}
         self._failed: dict[str, float] = {}  # peer -> until when it is left out of placement
+        self._no_copies: set[str] = set()  # members of a version without replication (`NO_COPIES_FOR`)
         self._floor: int | None = None
         self._exchange_floor: int | None = None  # async: what QoS 2 exchanges to subscribers wait for
         self._alive: tuple[str, ...] = ()
@@ -532,7 +537,10 @@ class Replication:
                 reply = await self.queries.ask(peer.name, "repl", {"b": request}, timeout=REPLICA_TIMEOUT)
             except (QueryFailed, OSError, trio.BrokenResourceError) as exc:
                 if peer.generation == generation:
-                    self._replace(peer, str(exc) or type(exc).__name__)
+                    if _holds_no_copies(exc):
+                        self._leave_out(peer, str(exc))
+                    else:
+                        self._replace(peer, str(exc) or type(exc).__name__)
                 continue
             if peer.generation == generation:
                 peer.in_flight.popleft()
@@ -730,6 +738,16 @@ class Replication:
                     peer.name, why, FAILED_FOR)
         self._drop_peer(peer, why)
 
+    def _leave_out(self, peer: _Peer, why: str) -> None:
+        """A member that cannot hold copies (an older version): left out of placement,
+        said once (INFO), not counted as a replaced replica."""
+        if peer.name not in self._no_copies:
+            self._no_copies.add(peer.name)
+            log.info("member %s holds no session copies (%s): left out of placement for %g s or until it restarts",
+                     peer.name, why, NO_COPIES_FOR)
+        self._failed[peer.name] = self.clock.now() + NO_COPIES_FOR
+        self._drop_peer(peer, why)
+
     def _place(self, inherit: int | None = None) -> None:
         """Bring every tracked session's replicas in line with the live members: new
         copies start from a snapshot (at most `SNAPSHOTS_PER_ROUND` per round), copies
@@ -808,6 +826,10 @@ class Replication:
         self._started_this_round = 0
         self._budget = min(self._budget + self.bandwidth * HOUSEKEEPING_INTERVAL, float(self.bandwidth) * HOUSEKEEPING_INTERVAL)
         alive = self._alive_set()
+        for name in self._no_copies - alive:
+            # Gone (restarted, perhaps as a newer version): asked again once it is back.
+            self._no_copies.discard(name)
+            self._failed.pop(name, None)
         for name, peer in list(self._peers.items()):
             if name not in alive and (peer.outbox or peer.in_flight or any(name in t.replicas for t in self._tracked.values())):
                 self._drop_peer(peer, "left the live members")
@@ -1391,6 +1413,14 @@ def _older(stamp: object, than: object) -> bool:
         return HlcTimestamp.from_wire(stamp) < HlcTimestamp.from_wire(than)
     except (TypeError, ValueError):
         return True
+
+
+def _holds_no_copies(exc: BaseException) -> bool:
+    """Whether a failed `repl` query says the member is of a version without session
+    replication: one without cluster queries closes the query unanswered, one with
+    queries but not this one refuses it by name.  (A member that died while answering
+    also closes it unanswered: it leaves the live members, which ends this.)"""
+    return isinstance(exc, QueryUnanswered) or str(exc).startswith("unknown query")
 
 
 def _reply_lists(reply: object) -> tuple[list[str], list[str]]:

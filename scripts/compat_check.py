@@ -175,8 +175,9 @@ def replication_beside_older(new: Node, old: Node, nodes: list[Node]) -> None:
     """A persistent session on the new node (2 copies, `sync`) while every other member
     predates replication: 50 QoS 1 messages published on an older node are each
     acknowledged within a second (an acknowledgement waits for no copy that cannot be
-    made), the session is counted under-replicated, and the client back on the new node
-    gets all 50 in order."""
+    made), the session is counted under-replicated, the client back on the new node
+    gets all 50 in order, and the new node says once that the older members hold no
+    copies (it does not take them for replicas that failed)."""
     client_id = "repl-compat"
     sub = Client(client_id, version=5, clean=False)
     sub.connect(new.mqtt, expiry=3600)
@@ -203,6 +204,11 @@ def replication_beside_older(new: Node, old: Node, nodes: list[Node]) -> None:
     got = [int(m.payload) for m in again.expect(50)]
     assert got == list(range(50)), f"queue {got}"
     again.disconnect()
+    # The older members are left out of placement as holding no copies (said once),
+    # not replicas that failed (a WARNING each time they would be tried again).
+    log = new.log_text()
+    assert f"member {old.name} holds no session copies" in log, "the older member not left out as such"
+    assert "failed (closed the query unanswered" not in log, "an older member taken for a failed replica"
 
 
 def taken_over_from_the_other(owner: Node, other: Node, tag: str) -> None:

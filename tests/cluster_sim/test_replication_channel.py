@@ -190,3 +190,28 @@ def test_an_owner_paused_past_the_replica_timeout_goes_on_and_loses_nothing() ->
     acks, got = sim(paused_as_a_batch_leaves, session_replicas=2)
     assert acks == [0] * 6
     assert got == [f"m{i}".encode() for i in range(6)]
+
+
+def test_members_of_a_version_without_replication_are_left_out_once_not_failed_over_and_over() -> None:
+    """n1 and n2 do not know the `repl` query (a version before replication that
+    answers queries): n0 leaves them out of placement, runs the session degraded and
+    acknowledges at once, and does not try them again every `FAILED_FOR` as replicas
+    that failed (no replacement counted, whatever the time)."""
+    async def scenario(c: SimCluster) -> tuple[int, set[str], int, list[int]]:
+        for n in ("n1", "n2"):
+            queries: Any = replication(c, n).queries
+            queries._handlers.pop("repl")
+            queries._pipelined.pop("repl")
+        sub = await c.connect("n0", "old-sub", clean_start=False, session_expiry=EXPIRY)
+        await sub.subscribe("old/q", 1)
+        await wait_route(c, "old/q", {"n0"})
+        await sub.disconnect()
+        pub = await c.connect("n1", "old-pub")
+        codes = [await pub.publish("old/q", str(i).encode(), qos=1) for i in range(5)]
+        await c.run_for(100)  # past FAILED_FOR, several times
+        owner = replication(c, "n0")
+        return owner.stats.replaced, set(owner._no_copies), owner.stats.under_replicated, codes
+
+    replaced, no_copies, under, codes = sim(scenario, session_replicas=2)
+    assert codes == [0] * 5
+    assert replaced == 0 and no_copies == {"n1", "n2"} and under == 1
