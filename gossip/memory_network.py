@@ -463,6 +463,12 @@ class MemoryTransport(Transport):
     async def receive_packet(self) -> tuple[bytes, Addr]:
         return await self._inbox.receive()
 
+    def receive_packet_nowait(self) -> tuple[bytes, Addr] | None:
+        try:
+            return self._inbox.receive_nowait()
+        except trio.WouldBlock:
+            return None
+
     async def open_stream(self, addr: Addr) -> trio.abc.Stream:
         return await self.net._connect(self.address, addr)
 

@@ -39,6 +39,10 @@ class DatagramTransport(Protocol):
     async def receive_packet(self) -> tuple[bytes, Addr]:
         """The next datagram that arrived, and who sent it."""
 
+    def receive_packet_nowait(self) -> tuple[bytes, Addr] | None:
+        """A datagram that has arrived already, or None: no wait and no checkpoint, so
+        a reader takes what queued up while its loop was busy in one step."""
+
 
 class StreamTransport(Protocol):
     """Reliable, ordered byte streams between nodes: the only way node-to-node
@@ -66,12 +70,17 @@ class Transport(DatagramTransport, StreamTransport, Protocol):
     def close(self) -> None:
         """Let go of the sockets (a node's last act; by default nothing to do)."""
 
+    def receive_packet_nowait(self) -> tuple[bytes, Addr] | None:
+        return None  # by default: one datagram per `receive_packet`
+
 
 class NetTransport(Transport):
     """UDP datagrams and TCP streams sharing one port number."""
 
-    def __init__(self, sock: trio.socket.SocketType, listeners: list[trio.SocketListener], family: int) -> None:
+    def __init__(self, sock: trio.socket.SocketType, listeners: list[trio.SocketListener], family: int,
+                 raw: socket.socket | None = None) -> None:
         self.sock = sock
+        self._raw = raw  # the same socket, non-blocking, for `receive_packet_nowait`
         self.listeners = listeners
         self.family = family
         host, port = sock.getsockname()[:2]
@@ -82,7 +91,8 @@ class NetTransport(Transport):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # with port 0 the UDP pick may be taken on TCP: try a few times
         for _attempt in range(20):
-            sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+            raw = socket.socket(family, socket.SOCK_DGRAM)
+            sock = trio.socket.from_stdlib_socket(raw)  # (made non-blocking)
             try:
                 await sock.bind((host, port))
                 bound = sock.getsockname()[1]
@@ -93,7 +103,7 @@ class NetTransport(Transport):
                         raise
                     sock.close()
                     continue
-                return cls(sock, listeners, family)
+                return cls(sock, listeners, family, raw)
             except BaseException:
                 sock.close()
                 raise
@@ -109,6 +119,19 @@ class NetTransport(Transport):
             except OSError:
                 # e.g. ICMP port unreachable reported on the socket: keep reading
                 continue
+            return data, (addr[0], addr[1])
+
+    def receive_packet_nowait(self) -> tuple[bytes, Addr] | None:
+        raw = self._raw
+        if raw is None:
+            return None
+        while True:
+            try:
+                data, addr = raw.recvfrom(65536)
+            except BlockingIOError:
+                return None
+            except OSError:
+                continue  # e.g. ICMP port unreachable reported on the socket: keep reading
             return data, (addr[0], addr[1])
 
     async def open_stream(self, addr: Addr) -> trio.abc.Stream:

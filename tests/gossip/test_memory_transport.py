@@ -533,3 +533,49 @@ async def test_random_cuts_heals_and_downs_never_lose_or_reorder_bytes(
         net.heal()
         assert await theirs.receive_some() == b""
         nursery.cancel_scope.cancel()
+
+
+class _ReceivedPerStep(trio.abc.Instrument):
+    """How many datagrams a service's machine took in each uninterrupted task step."""
+
+    def __init__(self, svc: GossipService) -> None:
+        self.svc = svc
+        self.before = 0
+        self.steps: list[int] = []
+
+    def _count(self) -> int:
+        return self.svc.swim.stats.packets_received if self.svc.swim is not None else 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.before = self._count()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        taken = self._count() - self.before
+        if taken:
+            self.steps.append(taken)
+
+
+async def test_datagrams_queued_while_the_loop_was_busy_are_taken_in_one_step(
+        mock_clock: trio.testing.MockClock) -> None:
+    """The UDP reader takes what has arrived (up to UDP_BURST) before it yields: each
+    socket operation is a scheduling point, and a starved node's loop, one datagram per
+    pass of every task, fell behind the route broadcasts and answered probes late."""
+    from gossip.service import UDP_BURST
+
+    net = MemoryNetwork(latency=0.001, jitter=0.0, seed=1)  # all due at once: they queue up
+    async with trio.open_nursery() as nursery:
+        await nursery.start(net.run)
+        svc = GossipService(node_id="v1", bind_host="v1", bind_port=7946, seeds=[], mdns=False,
+                            trace=NullTraceWriter(), preset="lan", transport=net.transport("v1"), seed=1)
+        await nursery.start(svc.run)
+        sender = net.transport("x")
+        watch = _ReceivedPerStep(svc)
+        trio.lowlevel.add_instrument(watch)
+        try:
+            for i in range(UDP_BURST + 10):
+                await sender.send_packet(b"not a gossip packet %d" % i, ("v1", 7946))
+            await until(lambda: sum(watch.steps) == UDP_BURST + 10, 5)
+        finally:
+            trio.lowlevel.remove_instrument(watch)
+        assert watch.steps == [UDP_BURST, 10]  # one datagram per step before
+        nursery.cancel_scope.cancel()
