@@ -31,7 +31,7 @@ from gossip.trace import Tracer
 from gossip.wire import Envelope
 from oplog import Event, log_event
 from routing.forward import PLAIN_REPLAY, ForwardTarget
-from routing.batch import Unpacked, held_seqs, open_gates, unpack, unpack_fwd
+from routing.batch import Unpacked, held_seqs, open_gates
 from routing.contact import Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
 from routing.heap import HeapFreeze
@@ -765,12 +765,11 @@ class Cluster:
 
     # ------------------------------------------------------------- receiving
 
-    def _take_batch(self, peer: str, items: list[object], packed: bool, resent: bool = False) -> None:
+    def _take_batch(self, peer: str, items: list[object], read: Callable[[object], Unpacked], resent: bool = False) -> None:
         now = self.clock.wall()
         recent = self._recent.get(peer)
         if recent is None:
             recent = self._recent[peer] = RecentKeys(RECENT_PER_PEER)
-        read: Callable[[object], Unpacked] = unpack if packed else unpack_fwd
         handoffs = self.handoffs
         publish_remote = self.broker.publish_remote
         self.forwarded_in += len(items)  # (less the malformed ones, below)

@@ -33,7 +33,8 @@ import trio
 
 from gossip import wire
 from gossip.service import read_frame
-from routing.batch import CAPABILITIES, FWDB, RESENT, AckGate, LinkItem, fwdb_body
+from routing.batch import (CAPABILITIES, FWDB, RESENT, AckGate, LinkItem, Unpacked, fwdb_body, read_fwdb, unpack,
+                           unpack_fwd, unpack_read)
 
 __all__ = ["AckGate", "FramedStream", "InboundLinks", "LinkItem", "OutboundLink"]
 
@@ -97,10 +98,14 @@ class FramedStream:
             await self.stream.send_all(self.gossip.seal_frame(body))
 
     async def receive(self) -> Frame:
+        return wire.decode_frame_body(await self.receive_body())
+
+    async def receive_body(self) -> bytes:
+        """One envelope, opened, not decoded yet."""
         opened = self.gossip.open_frame(await read_frame(self.stream))
         if opened is None:
             raise wire.WireError("frame failed authentication")
-        return wire.decode_frame_body(opened)
+        return opened
 
 
 class OutboundLink:
@@ -311,13 +316,13 @@ class InboundLinks:
     """Accepts links from peers and hands their frames to `handle_batch`."""
 
     def __init__(self, cluster_name: str, gossip: LinkGossip, node_id: str,
-                 handle_batch: Callable[[str, list[object], bool, bool], None],
+                 handle_batch: Callable[[str, list[object], Callable[[object], Unpacked], bool], None],
                  batch_taken: Callable[[], Awaitable[None]],
                  handle_request: Callable[[str, Frame], Reply | Awaitable[Reply]]) -> None:
         self.cluster_name = cluster_name
         self.gossip = gossip
         self.node_id = node_id
-        # (peer, items, packed: `fwdb` items, else `fwd` ones, resent: the batch's resend mark)
+        # (peer, items, how to read each one, resent: the batch's resend mark)
         self.handle_batch = handle_batch
         self.batch_taken = batch_taken  # waits until a taken batch may be acknowledged
         self.handle_request = handle_request
@@ -369,10 +374,18 @@ class InboundLinks:
 
     async def _read_frames(self, link: FramedStream, peer: str, acks: trio.MemorySendChannel[int]) -> None:
         while True:
-            frame = await link.receive()
+            body = await link.receive_body()
+            read = read_fwdb(body)
+            if read is not None:
+                # A `fwdb` frame read by hand (`routing.batch.read_fwdb`): no envelope map.
+                epoch, seq, resent, items = read
+                self._take_items(peer, epoch, seq, items, unpack_read, resent)
+                acks.send_nowait(seq)
+                continue
+            frame = wire.decode_frame_body(body)
             kind = frame["t"]
             if kind == "fwd" or kind == FWDB:
-                self._take_batch(peer, frame, kind == FWDB)
+                self._take_batch(peer, frame, unpack if kind == FWDB else unpack_fwd)
                 acks.send_nowait(frame["s"])
             elif kind == "ho_mark":
                 await link.send("ho_marked")
@@ -384,12 +397,16 @@ class InboundLinks:
                     msg_type, fields = reply
                     await link.send(msg_type, **fields)
 
-    def _take_batch(self, peer: str, frame: Frame, packed: bool) -> None:
+    def _take_batch(self, peer: str, frame: Frame, read: Callable[[object], Unpacked]) -> None:
         epoch, seq, items = frame["e"], frame["s"], frame["m"]
         if not isinstance(epoch, str) or not isinstance(seq, int) or not isinstance(items, list):
             raise ValueError("bad fwd frame")
+        self._take_items(peer, epoch, seq, items, read, frame.get(RESENT) is True)
+
+    def _take_items(self, peer: str, epoch: str, seq: int, items: list[object], read: Callable[[object], Unpacked],
+                    resent: bool) -> None:
         key = (peer, epoch)
         if seq > self.taken.get(key, 0):
-            self.handle_batch(peer, items, packed, frame.get(RESENT) is True)
+            self.handle_batch(peer, items, read, resent)
             self.taken[key] = seq
 

@@ -396,7 +396,7 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
     behind a one-way cut and flow at the heal, and survive a reset (resent, not
     delivered twice)."""
     from mqtt import EMPTY_PROPERTIES
-    from routing.batch import unpack, unpack_fwd
+    from routing.batch import Unpacked, unpack_fwd
     from routing.links import InboundLinks, LinkItem, OutboundLink
     from session_store.model import Message
 
@@ -412,10 +412,9 @@ async def test_mesh_link_between_two_gossip_services(mock_clock: trio.testing.Mo
         }
         formats: list[bool] = []
 
-        def take(peer: str, items: list[object], packed: bool, resent: bool) -> None:
+        def take(peer: str, items: list[object], read: Callable[[object], Unpacked], resent: bool) -> None:
             # Batched frames once the receiver's link_caps came back, `fwd` ones before.
-            formats.append(packed)
-            read = unpack if packed else unpack_fwd
+            formats.append(read is not unpack_fwd)
             got.extend(int(read(item)[0].payload) for item in items)
 
         inbound = InboundLinks("meshd", services["n1"], "n1", handle_batch=take,
