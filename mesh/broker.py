@@ -154,6 +154,7 @@ def _nothing() -> None:
 
 REMEMBER_LIMIT = 100_000  # message identities remembered per session started in a conflict
 MATCH_CACHE_TOPICS = 4096  # topics whose local matches are remembered (Broker._match)
+_NO_GROUPS: list[tuple[str, str]] = []  # a forwarded message's shared groups when it names none (never changed)
 # A session that expired while its node was down lives this much longer after the
 # restart, in a cluster: its client may have resumed it on another node meanwhile,
 # which the node learns from the ownership claims, and then the copy is merged there.
@@ -627,6 +628,11 @@ class Broker:
             finally:
                 self._recovering = False
         return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip, dup=maybe_sent)
+
+    def deliver_remote(self, msg: Message, now: float) -> int:
+        """`publish_remote` of a QoS 0 message forwarded for plain subscribers only,
+        not sent here before (the common case: one call per message of a batch)."""
+        return self._route(msg, now, plain=True, only_groups=_NO_GROUPS, remote=None)
 
     def keep_retained(self, msg: Message) -> None:
         self._set_retained(msg, persist=True)

@@ -299,14 +299,17 @@ def unpack(item: object) -> Unpacked:
 def unpack_read(item: object) -> Unpacked:
     """One item of a frame `read_fwdb` read: decoded already, or (an item it left to
     cbor2) a decoded `fwdb` item; ValueError if it is not one."""
+    if type(item) is Message:
+        return item, True, [], False, False, ()
     if type(item) is tuple:
         return cast(Unpacked, item)
     return unpack(item)
 
 
-# A `fwdb` frame read by hand: (epoch, seq, resent, items) where each item is an
-# `Unpacked` or, for an item with anything beyond the common fields, cbor2's decoding
-# of it (for `unpack_read`).
+# A `fwdb` frame read by hand: (epoch, seq, resent, items) where each item is a
+# `Message` for plain subscribers only and nothing else (the common case: the receiver
+# may take it as such without `unpack_read`), an `Unpacked`, or, for an item with
+# anything beyond the common fields, cbor2's decoding of it (for `unpack_read`).
 FwdbFrame = tuple[str, int, bool, list[object]]
 
 
@@ -401,6 +404,8 @@ def _read_item(body: bytes, start: int) -> tuple[object, int]:
                         if body[pos] == 0xF6 and body[pos + 1] == 0xF6 and flags < 24 and body[pos + 3] == 0xF6:
                             msg = Message(topic, payload, qos, retain == 0xF5, EMPTY_PROPERTIES, None, publisher, msg_id,
                                           origin)
+                            if flags == PLAIN:
+                                return msg, pos + 4  # for plain subscribers only: the message says it all
                             unpacked: Unpacked = (msg, bool(flags & PLAIN), [], bool(flags & KEEP_RETAINED),
                                                   bool(flags & REPLAY), ())
                             return unpacked, pos + 4

@@ -80,6 +80,8 @@ HELD_MSG = "heldmsg/"  # heldmsg/<member>/<seq> -> [message, held at]
 CLAIMS_SETTLE = 20.0  # after every member is heard again: ownership claims have spread (routing.contact)
 CONTACT_CHECK_INTERVAL = 1.0  # how often routing.contact is told how long no member was heard
 _GONE = (MemberState.DEAD, MemberState.LEFT)
+_NO_GROUPS: list[tuple[str, str]] = []  # a forward's shared groups when it has none (never changed)
+_NO_NODES: tuple[str, ...] = ()
 
 
 class LocalBroker(SessionHost, Protocol):
@@ -97,6 +99,8 @@ class LocalBroker(SessionHost, Protocol):
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]],
                        keep_retained: bool, skip: Callable[[str], bool] | None = None,
                        maybe_sent: bool = False, recovery: bool = False) -> int: ...
+
+    def deliver_remote(self, msg: Message, now: float) -> int: ...
 
     def on_durable(self) -> None: ...
 
@@ -771,15 +775,25 @@ class Cluster:
         if recent is None:
             recent = self._recent[peer] = RecentKeys(RECENT_PER_PEER)
         handoffs = self.handoffs
-        publish_remote = self.broker.publish_remote
+        broker = self.broker
+        publish_remote = broker.publish_remote
+        deliver_remote = broker.deliver_remote
         self.forwarded_in += len(items)  # (less the malformed ones, below)
         for wire in items:
-            try:
-                msg, plain, groups, keep_retained, replay, also = read(wire)
-            except (TypeError, ValueError):
-                self.malformed_items += 1
-                self.forwarded_in -= 1
-                continue
+            if type(wire) is Message:
+                # For plain subscribers only (`routing.batch.read_fwdb`): the common case.
+                msg = wire
+                if not msg.qos:
+                    deliver_remote(msg, now)  # QoS 0: nothing to remember, skip or relay
+                    continue
+                plain, groups, keep_retained, replay, also = True, _NO_GROUPS, False, False, _NO_NODES
+            else:
+                try:
+                    msg, plain, groups, keep_retained, replay, also = read(wire)
+                except (TypeError, ValueError):
+                    self.malformed_items += 1
+                    self.forwarded_in -= 1
+                    continue
             if msg.qos:
                 # A held message replayed after a split may have arrived once already
                 # (its batch was taken here but the ack was cut off): take it once.

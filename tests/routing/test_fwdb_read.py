@@ -71,11 +71,15 @@ def test_a_frame_with_a_tag_anywhere_is_left_to_cbor2() -> None:
 
 
 def test_the_common_item_is_read_by_hand_and_the_others_by_cbor2() -> None:
-    body = fwdb_body("A", "3.1", 9, [LinkItem(MESSAGES[0]), LinkItem(MESSAGES[5], SHARES[1])])
+    body = fwdb_body("A", "3.1", 9, [LinkItem(MESSAGES[0]), LinkItem(MESSAGES[0], SHARES[2]),
+                                     LinkItem(MESSAGES[5], SHARES[1])])
     read = read_fwdb(body)
     assert read is not None
-    common, rare = read[3]
-    assert type(common) is tuple and type(rare) is list  # the second one went through cbor2
+    plain, other_share, rare = read[3]
+    # For plain subscribers only: the message alone, which the receiver takes as such.
+    assert type(plain) is Message and unpack_read(plain)[1:] == (True, [], False, False, ())
+    assert type(other_share) is tuple and unpack_read(other_share)[1:] == (True, [], True, True, ())
+    assert type(rare) is list  # properties, an expiry, groups: cbor2's
 
 
 def test_a_frame_from_older_writers_reads_the_same() -> None:
