@@ -32,7 +32,7 @@ from gossip.wire import Envelope
 from oplog import Event, log_event
 from routing.forward import PLAIN_REPLAY, ForwardTarget
 from routing.batch import Unpacked, held_seqs, open_gates
-from routing.contact import Contact
+from routing.contact import PEERS_META, Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
 from routing.heap import HeapFreeze
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
@@ -187,7 +187,7 @@ class Cluster:
         self._restore_held(recovered_meta or {})
         # An expiring session's client may have resumed it where this node could not
         # hear: kept at most as long as held traffic (what it holds was acknowledged too).
-        self.contact = Contact(clock.wall(), CLAIMS_SETTLE, held_max_age)
+        self.contact = Contact(clock.wall(), CLAIMS_SETTLE, held_max_age, peers=PEERS_META in (recovered_meta or {}))
         port.on_expiry(self._keep_expired)
         port.on_forward(self.forward)
         port.on_session_ended(self.handoffs.session_ended)
@@ -323,6 +323,8 @@ class Cluster:
         return self.contact.keep_expired(left_at, expired_at, now, claimed)
 
     def _on_member_change(self, member: str, state: str) -> None:
+        if not self.contact.peers:
+            self.store.put_meta(PEERS_META, 1)  # once: a restart knows it is no lone node
         self.contact.member_changed(member, state, self.clock.wall())
         if state in _GONE:
             if state == MemberState.DEAD and self.table.hold_origin(member):

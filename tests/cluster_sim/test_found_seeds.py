@@ -336,3 +336,13 @@ def test_a_giver_restarted_between_begin_and_commit_does_not_close_the_connect_a
     # client also took a connection closed before its connect() resumed for a live one
     # and waited for a SUBACK on it.
     assert simulate_seed(3, 6, 15, 3614) == "seed=3614 ok"
+
+
+def test_a_node_restarted_from_a_cluster_keeps_a_copy_expiring_before_it_heard_anyone() -> None:
+    # Seed 244 of 5 nodes, 20 clients, 60 s: s4 (expiry 8 s) left n0, which was killed;
+    # s4 resumed on n1 (a fallback); n4 replayed p5/2/14, held for n0, into n0's copy at
+    # its restart; n0 was killed and restarted 8 ms before the copy's expiry and, having
+    # heard no member yet, took itself for a lone node and ended the copy: p5/2/14,
+    # acknowledged, was lost.  A node whose store says it had peers keeps such a copy
+    # until the claims have come (then it is pushed to n1 and merged).
+    assert simulate_seed(5, 20, 60, 244) == "seed=244 ok"

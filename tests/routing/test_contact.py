@@ -23,6 +23,13 @@ def test_a_node_alone_has_no_one_to_miss() -> None:
     assert c.keep_expired(left_at=-100.0, expired_at=5.0, now=5.0, claimed_elsewhere=False) is None
 
 
+def test_a_node_restarted_from_a_cluster_keeps_a_session_expiring_before_it_heard_anyone() -> None:
+    # Its store says it had peers: the claims it lacks are still to come (seed 244).
+    c = Contact(now=100.0, settle=20.0, max_keep=3600.0, peers=True)
+    assert c.keep_expired(left_at=90.0, expired_at=100.1, now=100.1, claimed_elsewhere=False) == 120.0
+    assert c.keep_expired(90.0, 100.1, 120.0, False) is None  # still no one: it ends after the settle time
+
+
 def test_a_member_unheard_keeps_the_session_until_it_is_back_and_the_claims_have_spread() -> None:
     c = contact()
     c.member_changed("B", MemberState.SUSPECT, 12.0)
