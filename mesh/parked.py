@@ -5,7 +5,8 @@ costs ~4 KB. So this connection has no task while parked (`mesh/parking.py`: one
 set and one heap of deadlines for all of them). Its CONNECT is usually answered right
 where the lot hands it over, with no task at all (`on_readable`). Otherwise, and
 whenever a parked client sends, it gets the reader task of `ClientConnection.run`,
-which parks it again once nothing was read for `PARK_AFTER` seconds.
+which parks it again once nothing was read for `PARK_AFTER` seconds. Parked, it holds
+no MQTT decoder either (`ServerConnection.shed`: the next bytes make a new one).
 """
 
 from __future__ import annotations
