@@ -10,11 +10,12 @@ import subprocess
 from tests.support import meshd_command, subprocess_env
 
 
-def simulate_seed(nodes: int, clients: int, seconds: int, seed: int) -> str:
-    """The seed's line: `seed=N ok` or `seed=N VIOLATION <property>: <detail>`."""
+def simulate_seed(nodes: int, clients: int, seconds: int, seed: int, *extra: str) -> str:
+    """The seed's line: `seed=N ok` or `seed=N VIOLATION <property>: <detail>`
+    (`extra`: more options of `meshd simulate --cluster`, e.g. `--replicas 2 --crash`)."""
     run = subprocess.run(
         meshd_command() + ["simulate", "--cluster", "--nodes", str(nodes), "--clients", str(clients),
-                           "--seconds", str(seconds), "--seeds", "1", "--seed", str(seed), "--no-history"],
+                           "--seconds", str(seconds), "--seeds", "1", "--seed", str(seed), "--no-history", *extra],
         capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert run.returncode in (0, 1) and run.stdout, run.stderr[-4000:]
     return run.stdout.splitlines()[0]
@@ -346,3 +347,13 @@ def test_a_node_restarted_from_a_cluster_keeps_a_copy_expiring_before_it_heard_a
     # acknowledged, was lost.  A node whose store says it had peers keeps such a copy
     # until the claims have come (then it is pushed to n1 and merged).
     assert simulate_seed(5, 20, 60, 244) == "seed=244 ok"
+
+
+def test_a_message_the_dead_owner_may_have_delivered_comes_with_dup_after_a_takeover_from_a_replica() -> None:
+    # Seed 59 (5/20/60, 2 replicas, one node crashes for good): p6/2/2 was published on
+    # n4 and delivered there to s0; n3, s0's earlier owner, relayed its late copy back
+    # to n4, and n4 crashed.  s0 was taken over from its replica on n1, and n3 pushed
+    # the relayed copy there: p6/2/2 went to s0 again with DUP=0.  A pushed copy merged
+    # into a session taken from a replica now carries DUP=1 for what the dead owner
+    # published or was sent too (routing/handoff_driver.py `_answer_push`).
+    assert simulate_seed(5, 20, 60, 59, "--replicas", "2", "--crash") == "seed=59 ok"
