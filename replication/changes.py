@@ -9,7 +9,9 @@ that starts with the session's replication sequence number and a kind:
     [seq, "d", delivery seq, state, delivery]    a delivery queued (state 0), sent
                                                  (state code | packet id << 2, see
                                                  `session_store.store.delivery_state`)
-                                                 or gone (state -1, delivery None)
+                                                 or gone (state -1, delivery None, or
+                                                 for QoS 2 [origin, message id]: a key
+                                                 an older replica reads past)
     [seq, "q", packet id, present]               an inbound QoS 2 packet id
     [seq, "w", will record or None]              the will (`records.encode_will`: the
                                                  message, its delay, when it is due once
@@ -42,7 +44,7 @@ from typing import Iterable
 
 from session_store import records
 from session_store.handoff import (
-    HandoffError, delivery_from_wire, delivery_to_wire, stored_from_image, subscriptions_to_wire,
+    HandoffError, delivery_from_wire, delivery_to_wire, message_key, stored_from_image, subscriptions_to_wire,
 )
 from session_store.model import Delivery, Session, SubscriptionOptions
 from session_store.records import QUEUED
@@ -53,6 +55,12 @@ STATE_NAMES = {1: "publish", 2: "pubrel"}
 # its in-flight window, at most `max_inflight` of them, 32 by default) just before it
 # died, without the replica hearing of it.
 MAYBE_SENT = 64
+# How many of the QoS 2 messages a copy's session was given lately (deliveries the
+# owner removed: completed) a replica keeps, so that a takeover from it does not
+# deliver them again when they arrive late by another way (a held forward replayed at
+# a heal, a relayed copy): QoS 2 is exactly once, where a QoS 1 repeat goes with DUP.
+# In memory: a restarted replica forgets them.
+GIVEN_KEPT = 256
 
 Change = list[object]
 
@@ -69,7 +77,11 @@ def subscription_change(seq: int, topic_filter: str, options: SubscriptionOption
 
 
 def delivery_change(seq: int, delivery: Delivery, state: int) -> Change:
-    return [seq, "d", delivery.seq, state, None if state == NO_RECORD else delivery_to_wire(delivery)]
+    if state != NO_RECORD:
+        return [seq, "d", delivery.seq, state, delivery_to_wire(delivery)]
+    # Gone: a QoS 2 message's key, which the replica keeps a while (`ReplicaCopy.given`).
+    msg = delivery.message
+    return [seq, "d", delivery.seq, state, [msg.origin, msg.msg_id] if delivery.qos == 2 else None]
 
 
 def qos2_change(seq: int, packet_id: int, present: bool) -> Change:
@@ -148,6 +160,29 @@ class ReplicaCopy:
     # owner, which must not send it again when it is back: kept on disk with the copy,
     # so a restart of this node does not forget it.
     will_sent: bool = False
+    # Message keys (origin, message id) of deliveries the owner removed lately, oldest
+    # first, at most GIVEN_KEPT: the session's `remembered` at a takeover.
+    given: dict[tuple[str | None, int], None] = field(default_factory=dict)
+
+    def note_gone(self, record: list[object] | None, wire: object) -> None:
+        """A delivery the owner removed: `record` the copy's, if it had one, else the
+        gone change's key (`delivery_change`)."""
+        key: tuple[str | None, int] | None = None
+        if record is not None:
+            try:
+                delivery = delivery_from_wire(record[1])
+            except (HandoffError, TypeError, ValueError):
+                return  # a malformed record was refused when it came; nothing to remember
+            if delivery.qos == 2:
+                key = message_key(delivery.message)
+        elif (isinstance(wire, list) and len(wire) == 2 and (wire[0] is None or isinstance(wire[0], str))
+              and isinstance(wire[1], int)):
+            key = (wire[0], wire[1])
+        if key is None:
+            return
+        self.given[key] = None
+        if len(self.given) > GIVEN_KEPT:
+            del self.given[next(iter(self.given))]
 
     def header(self) -> dict[str, object]:
         """Everything but the deliveries (a replica stores those one record each)."""
@@ -177,7 +212,7 @@ class ReplicaCopy:
         messages (sent, unacknowledged) are sent again with DUP by the new owner."""
         stored = StoredSession(self.client_id, expiry_interval=self.expiry, protocol_level=self.level,
                                disconnected_at=self.disconnected_at, next_seq=self.next_seq,
-                               qos2_in=set(self.qos2_in))
+                               qos2_in=set(self.qos2_in), remembered=set(self.given))
         try:
             image = {"x": 0, "l": 4, "n": 1, "s": list(self.subscriptions.items()), "i": [], "q2": []}
             stored.subscriptions = stored_from_image(self.client_id, image, []).subscriptions
@@ -241,6 +276,8 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
                     fresh.deliveries[wire[4]] = [int(state), wire]
             except (KeyError, TypeError, ValueError) as exc:
                 raise ChangeError(f"bad snapshot: {exc}") from None
+            if copy is not None and copy.owner == owner:
+                fresh.given = copy.given  # a snapshot from the same owner: the session is the same
             result.copy = fresh
             result.put = list(fresh.deliveries)
             result.deleted = [d for d in result.deleted if d not in fresh.deliveries]
@@ -274,7 +311,9 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
             if not isinstance(dseq, int) or not isinstance(state, int):
                 raise ChangeError("bad delivery change")
             if state == NO_RECORD:
-                if copy.deliveries.pop(dseq, None) is not None:
+                gone = copy.deliveries.pop(dseq, None)
+                copy.note_gone(gone, wire)
+                if gone is not None:
                     result.deleted.append(dseq)
                     if dseq in result.put:
                         result.put.remove(dseq)

@@ -663,8 +663,9 @@ class Replication:
                     continue  # the snapshot sent in this batch has it
                 if kind == "d":
                     dseq = a.seq
-                    if b == NO_RECORD and dseq > sent_delivery.get(cid, 0):
-                        # Gone before the replica ever had it: nothing to delete there.
+                    if b == NO_RECORD and dseq > sent_delivery.get(cid, 0) and a.qos != 2:
+                        # Gone before the replica ever had it: nothing to delete there
+                        # (a QoS 2 one goes: the replica keeps its key, `ReplicaCopy.given`).
                         noops(previous + 1, seq)
                         previous = max(previous, seq)
                         continue
@@ -992,7 +993,9 @@ class Replication:
         if copy is None:
             return {}
         self._taken[copy.client_id] = self.clock.now()  # its will is the taker's now
-        return {"h": copy.header(), "d": [[dseq, state_wire[0], state_wire[1]] for dseq, state_wire in sorted(copy.deliveries.items())]}
+        # "g" (optional; an older taker skips it): what the session was given lately.
+        return {"h": copy.header(), "d": [[dseq, state_wire[0], state_wire[1]] for dseq, state_wire in sorted(copy.deliveries.items())],
+                "g": [list(key) for key in copy.given]}
 
     async def _answer_drop(self, peer: str, args: Mapping[str, Any]) -> object:
         cid, owner = str(args["c"]), str(args["o"])
@@ -1439,4 +1442,7 @@ def _copy_from_reply(client_id: str, reply: object) -> ReplicaCopy:
         if not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], int):
             raise ChangeError("bad delivery in a copy")
         copy.deliveries[item[0]] = [item[1], item[2]]
+    given = reply.get("g")
+    for key in given if isinstance(given, list) else ():
+        copy.note_gone(None, key)
     return copy

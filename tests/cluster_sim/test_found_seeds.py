@@ -357,3 +357,14 @@ def test_a_message_the_dead_owner_may_have_delivered_comes_with_dup_after_a_take
     # into a session taken from a replica now carries DUP=1 for what the dead owner
     # published or was sent too (routing/handoff_driver.py `_answer_push`).
     assert simulate_seed(5, 20, 60, 59, "--replicas", "2", "--crash") == "seed=59 ok"
+
+
+def test_a_qos2_message_the_owner_completed_is_not_delivered_again_after_a_takeover_from_a_replica() -> None:
+    # Seed 49 (5/20/60, 2 replicas, one node crashes for good), a QoS 2 message twice:
+    # during a cut n1 | n2, p1/1/6 was published on n1 and delivered there to s2, which
+    # then moved to n2, taking its session from the replica on n0.  At the heal n1
+    # replayed the forward it had held for n2 (for another subscriber there), and n2
+    # delivered it to s2 again.  A replica now keeps the keys of the QoS 2 messages its
+    # copy's session was given lately (`ReplicaCopy.given`), and a takeover from it
+    # remembers them (tests/replication/test_changes.py).
+    assert simulate_seed(5, 20, 60, 49, "--replicas", "2", "--crash") == "seed=49 ok"
