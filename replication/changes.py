@@ -44,7 +44,7 @@ from typing import Iterable
 
 from session_store import records
 from session_store.handoff import (
-    HandoffError, delivery_from_wire, delivery_to_wire, message_key, stored_from_image, subscriptions_to_wire,
+    HandoffError, delivery_from_wire, delivery_to_wire, stored_from_image, subscriptions_to_wire,
 )
 from session_store.model import Delivery, Session, SubscriptionOptions
 from session_store.records import QUEUED
@@ -164,23 +164,20 @@ class ReplicaCopy:
     # first, at most GIVEN_KEPT: the session's `remembered` at a takeover.
     given: dict[tuple[str | None, int], None] = field(default_factory=dict)
 
-    def note_gone(self, record: list[object] | None, wire: object) -> None:
-        """A delivery the owner removed: `record` the copy's, if it had one, else the
-        gone change's key (`delivery_change`)."""
-        key: tuple[str | None, int] | None = None
+    def note_gone(self, record: list[object] | None, key: object) -> None:
+        """A delivery the owner removed: keep a QoS 2 one's key in `given`, from the
+        copy's `record` of it ([state, wire form]) if it had one, else from the gone
+        change (`delivery_change`: [origin, message id] or None).  Read off the wire
+        forms, without building the message: this runs for every delivery removed."""
         if record is not None:
-            try:
-                delivery = delivery_from_wire(record[1])
-            except (HandoffError, TypeError, ValueError):
-                return  # a malformed record was refused when it came; nothing to remember
-            if delivery.qos == 2:
-                key = message_key(delivery.message)
-        elif (isinstance(wire, list) and len(wire) == 2 and (wire[0] is None or isinstance(wire[0], str))
-              and isinstance(wire[1], int)):
-            key = (wire[0], wire[1])
-        if key is None:
+            wire = record[1]
+            if not (isinstance(wire, list) and len(wire) == 5 and wire[1] == 2 and isinstance(wire[0], dict)):
+                return  # not QoS 2
+            key = [wire[0].get("o"), wire[0].get("i")]
+        if not (isinstance(key, list) and len(key) == 2 and (key[0] is None or isinstance(key[0], str))
+                and isinstance(key[1], int)):
             return
-        self.given[key] = None
+        self.given[(key[0], key[1])] = None
         if len(self.given) > GIVEN_KEPT:
             del self.given[next(iter(self.given))]
 

@@ -9,6 +9,7 @@ touch the project's environment.
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import shutil
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,3 +236,33 @@ def start(spec: BrokerSpec, workdir: Path, *, pin: bool = True, startup_timeout:
             time.sleep(0.05)
     broker.stop()
     raise RuntimeError(f"{spec.name} did not listen on 127.0.0.1:{port} within {startup_timeout:.0f} s")
+
+
+def memory_probe_args(argv: list[str] | None, description: str, connections: int) -> argparse.Namespace:
+    """The arguments of a memory probe (`memprofile_meshd.py`, `memcount_meshd.py`):
+    --connections, --top, --source (a revision is exported and measured)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--connections", type=int, default=connections)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--source", default="worktree", help="'worktree' or a git revision to export and measure")
+    args = parser.parse_args(argv)
+    if args.source != "worktree":
+        print(f"meshd at {export_commit(args.source, Path(tempfile.mkdtemp(prefix='meshd-src-')))}")
+    return args
+
+
+def start_wrapped_meshd(name: str, wrapper_source: str, dir_variable: str) -> tuple[RunningBroker, Path]:
+    """meshd run by a wrapper script (`wrapper_source`: a tracer's, an object counter's)
+    that finds its own folder in the environment variable `dir_variable`: the running
+    broker and that folder."""
+    raise_fd_limit()
+    work = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    wrapper = work / f"{name.replace('-', '_')}.py"
+    wrapper.write_text(wrapper_source)
+    os.environ[dir_variable] = str(work)
+
+    def command(port: int, workdir: Path) -> list[str]:
+        return [sys.executable, str(wrapper), *meshd_command(port, workdir)[3:]]
+
+    spec = BrokerSpec(name, command, lambda: None, meshd_version)
+    return start(spec, work / "node", pin=False), work

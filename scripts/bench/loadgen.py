@@ -462,8 +462,11 @@ _BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 
 
 def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurrency: int = 200,
-                     timeout: float = 60.0, settle: float = 1.0, tag: str = "i") -> dict[str, Any]:
-    """Open `count` idle MQTT connections; connects/s and RSS delta per connection."""
+                     timeout: float = 60.0, settle: float = 1.0, tag: str = "i",
+                     while_held: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Open `count` idle MQTT connections; connects/s and RSS delta per connection
+    (`while_held`: called once they are all open and settled, before they close: a
+    memory probe's look at the broker)."""
     time.sleep(settle)
     rss0 = procstat.rss_bytes(broker_pid)
     sel = selectors.DefaultSelector()
@@ -528,6 +531,8 @@ def idle_connections(port: int, broker_pid: int, *, count: int = 5000, concurren
         rss1 = procstat.rss_bytes(broker_pid)
         alive_check = procstat.cpu_seconds(broker_pid)  # raises if the broker died
         del alive_check
+        if while_held is not None:
+            while_held()
     finally:
         sel.close()
         _close_all(open_socks)

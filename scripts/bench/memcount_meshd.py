@@ -14,13 +14,10 @@ the unused pools (16 KiB each: freed, but in arenas something else still holds).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
-import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -85,44 +82,21 @@ def _snapshot(pid: int, directory: Path, index: int) -> tuple[dict[str, int], di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--connections", type=int, default=5000)
-    parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--source", default="worktree", help="'worktree' or a git revision to export and measure")
-    args = parser.parse_args(argv)
-    if args.source != "worktree":
-        print(f"meshd at {brokers.export_commit(args.source, Path(tempfile.mkdtemp(prefix='meshd-src-')))}")
-    brokers.raise_fd_limit()
-    work = Path(tempfile.mkdtemp(prefix="meshd-count-"))
-    wrapper = work / "meshd_counted.py"
-    wrapper.write_text(WRAPPER)
-    os.environ["BENCH_COUNT_DIR"] = str(work)
-
-    def command(port: int, workdir: Path) -> list[str]:
-        return [sys.executable, str(wrapper), *brokers.meshd_command(port, workdir)[3:]]
-
-    spec = brokers.BrokerSpec("meshd-counted", command, lambda: None, brokers.meshd_version)
-    broker = brokers.start(spec, work / "node", pin=False)
+    args = brokers.memory_probe_args(argv, __doc__, connections=5000)
+    broker, work = brokers.start_wrapped_meshd("meshd-counted", WRAPPER, "BENCH_COUNT_DIR")
     counted: list[tuple[dict[str, int], dict[str, int]]] = []
     rss_after: list[int] = []
     try:
         time.sleep(1.0)
         types0, malloc0 = _snapshot(broker.pid, work, 1)
         rss0 = procstat.rss_bytes(broker.pid)
-        original = loadgen._close_all
 
-        def count_then_close(socks: list[socket.socket]) -> None:
-            # the generator holds its sockets only inside idle_connections
+        def count() -> None:
             counted.append(_snapshot(broker.pid, work, 2))
             rss_after.append(procstat.rss_bytes(broker.pid))
-            original(socks)
 
-        loadgen._close_all = count_then_close
-        try:
-            idle = loadgen.idle_connections(broker.port, broker.pid, count=args.connections, settle=0.5,
-                                            timeout=60.0 * max(1, args.connections // 5000))
-        finally:
-            loadgen._close_all = original
+        idle = loadgen.idle_connections(broker.port, broker.pid, count=args.connections, settle=0.5,
+                                        timeout=60.0 * max(1, args.connections // 5000), while_held=count)
     finally:
         broker.stop()
     n = idle["connected"]
@@ -136,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| pymalloc live blocks | {(malloc1['allocated'] - malloc0['allocated']) / 1024 / n:.3f} KB |")
     print(f"| pymalloc arenas (1 MiB) | {(malloc1['arenas'] - malloc0['arenas']) * 1024 / n:.3f} KB |")
     print(f"| unused pools (16 KiB), before → after | {malloc0['unused_pools']} → {malloc1['unused_pools']} |")
-    print(f"\nObjects the GC tracks, grown by (per connection):\n\n| type | per connection |\n|---|---:|")
+    print("\nObjects the GC tracks, grown by (per connection):\n\n| type | per connection |\n|---|---:|")
     grown = sorted(((types1.get(t, 0) - types0.get(t, 0), t) for t in set(types0) | set(types1)), reverse=True)
     for diff, name in grown[: args.top]:
         print(f"| `{name}` | {diff / n:.2f} |")

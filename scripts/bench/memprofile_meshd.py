@@ -11,12 +11,9 @@ buffers, not malloc arenas' slack), so its total is below the RSS delta; both ar
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
-import socket
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -55,45 +52,20 @@ def _snapshot(pid: int, directory: Path, index: int) -> tracemalloc.Snapshot:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--connections", type=int, default=2000)
-    parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--source", default="worktree", help="'worktree' or a git revision to export and measure")
-    args = parser.parse_args(argv)
-    if args.source != "worktree":
-        print(f"meshd at {brokers.export_commit(args.source, Path(tempfile.mkdtemp(prefix='meshd-src-')))}")
-    brokers.raise_fd_limit()
-    work = Path(tempfile.mkdtemp(prefix="meshd-mem-"))
-    wrapper = work / "meshd_traced.py"
-    wrapper.write_text(WRAPPER)
-    os.environ["BENCH_SNAPSHOT_DIR"] = str(work)
-
-    def command(port: int, workdir: Path) -> list[str]:
-        return [sys.executable, str(wrapper), *brokers.meshd_command(port, workdir)[3:]]
-
-    spec = brokers.BrokerSpec("meshd-traced", command, lambda: None, brokers.meshd_version)
-    broker = brokers.start(spec, work / "node", pin=False)
+    args = brokers.memory_probe_args(argv, __doc__, connections=2000)
+    broker, work = brokers.start_wrapped_meshd("meshd-traced", WRAPPER, "BENCH_SNAPSHOT_DIR")
     try:
         time.sleep(0.5)
         before = _snapshot(broker.pid, work, 1)
         rss0 = procstat.rss_bytes(broker.pid)
-        # the generator keeps its sockets open only inside idle_connections: hold them
-        # open by snapshotting from a hook it calls before closing
         result: dict = {}
 
-        original = loadgen._close_all
+        def snapshot() -> None:
+            result["after"] = _snapshot(broker.pid, work, 2)
+            result["rss1"] = procstat.rss_bytes(broker.pid)
 
-        def snapshot_then_close(socks: list[socket.socket]) -> None:
-            if len(socks) >= args.connections:
-                result["after"] = _snapshot(broker.pid, work, 2)
-                result["rss1"] = procstat.rss_bytes(broker.pid)
-            original(socks)
-
-        loadgen._close_all = snapshot_then_close
-        try:
-            idle = loadgen.idle_connections(broker.port, broker.pid, count=args.connections, settle=0.5)
-        finally:
-            loadgen._close_all = original
+        idle = loadgen.idle_connections(broker.port, broker.pid, count=args.connections, settle=0.5,
+                                        while_held=snapshot)
     finally:
         broker.stop()
     n = idle["connected"]
