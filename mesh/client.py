@@ -217,6 +217,14 @@ class Client:
                 self._less()
 
     @property
+    def awaits_work(self) -> bool:
+        """A CONNECT, PUBLISH or SUBSCRIBE read and not yet handled because it must
+        await (the reader task takes it; an idle connection with one never parks)."""
+        rare = self._rare
+        return rare is not None and (rare.pending_connect is not None or rare.pending_publish is not None
+                                     or rare.pending_subscribe is not None)
+
+    @property
     def _rate_delay(self) -> float:
         """Seconds the reader pauses before it reads again (publish_rate)."""
         return self._rare.rate_delay if self._rare is not None else 0.0

@@ -213,24 +213,30 @@ class ClientConnection(Client):
         receive = self.stream.receive_some
         follow = self.scope_follows_reads
         while True:
-            if self._handle_input(clock.wall()):
-                return
-            rare = self._rare is not None  # what few clients have: something to await first
-            if rare and self.pending_publish is not None:
-                scope.deadline = math.inf  # the hooks bound their own waits; a PUBLISH is not half-taken
-                await self._publish_hooked(*self.pending_publish)
-                scope.deadline = self._scope_deadline()
-                continue
-            if rare and self.pending_subscribe is not None:
-                scope.deadline = math.inf  # a SUBSCRIBE is not half-taken
-                await self._subscribe_sliced(self.pending_subscribe)
-                scope.deadline = self._scope_deadline()
-                continue
-            if rare and self.pending_connect is not None:
-                scope.deadline = math.inf  # the handshake bounds its own waits
-                if not await self._handshake(self.pending_connect):
+            # Work read earlier and not yet done goes first: it may be here again after
+            # the scope fired (below), with more packets read behind it.
+            if self._rare is not None and self.awaits_work:  # what few clients have: something to await
+                if scope.cancel_called:
+                    # The scope fired before this could start (its deadline passed while
+                    # the reader waited to run; setting it again does not undo that), so
+                    # a checkpoint in the work would cut it off half-taken. Leave the
+                    # scope: `run` handles the timers, and the work, still pending, starts
+                    # whole in a fresh scope.
+                    await trio.lowlevel.checkpoint()
+                # The work bounds its own waits (hooks, handoff budget, a SUBSCRIBE's
+                # filters): no deadline cuts it off; closing the connection still does.
+                scope.deadline = math.inf
+                if self.pending_publish is not None:
+                    await self._publish_hooked(*self.pending_publish)
+                elif self.pending_subscribe is not None:
+                    await self._subscribe_sliced(self.pending_subscribe)
+                elif self.pending_connect is not None and not await self._handshake(self.pending_connect):
                     return
                 scope.deadline = self._scope_deadline()
+            if self._handle_input(clock.wall()):
+                return
+            rare = self._rare is not None
+            if rare and self.awaits_work:
                 continue
             if follow:
                 scope.deadline = machine.deadline
@@ -262,15 +268,13 @@ class ClientConnection(Client):
     async def _subscribe_sliced(self, p: Subscribe) -> None:
         """A big SUBSCRIBE, a slice of its filters per step with a checkpoint between
         (gossip answers its probes meanwhile); the reader reads nothing more until the
-        SUBACK is out, so order holds. Shielded: the reader's scope may have fired
-        meanwhile (a park deadline passes on a starved node; setting it again does not
-        undo that), and a SUBSCRIBE cut off there left it half-taken and the packets
-        read with it in the machine of a connection that then parked waiting for bytes
-        that never came (a bounded step: at most a SUBSCRIBE's filters)."""
+        SUBACK is out, so order holds. A SUBSCRIBE cut off between slices was left
+        half-taken, and the packets read with it in the machine of a connection that then
+        parked waiting for bytes that never came: `_read_loop` starts it only in a scope
+        that has not fired, and with no deadline."""
         self.pending_subscribe = None
-        with trio.CancelScope(shield=True):
-            for _ in self.subscribe_steps(p, self.clock.wall()):
-                await trio.sleep(0)
+        for _ in self.subscribe_steps(p, self.clock.wall()):
+            await trio.sleep(0)
 
     async def _handshake(self, c: Connect) -> bool:
         """The CONNECT's steps (`mesh.client`), awaiting where a step must: the password

@@ -98,7 +98,8 @@ class ParkedConnection(ClientConnection):
         return min(self.machine.deadline, self._idle_since + PARK_AFTER)
 
     def _park(self, now: float) -> bool:
-        if now - self._idle_since >= PARK_AFTER and not self._rate_delay and self._lot.park(self):
+        if (now - self._idle_since >= PARK_AFTER and not self._rate_delay and not self.awaits_work
+                and self._lot.park(self)):
             self._idle_since = NEVER_READ  # unused while parked (`on_readable` sets it): no float of its own
             self.machine.shed()  # nor a decoder (made again by the next bytes)
             return True

@@ -8,11 +8,15 @@ import trio
 import trio.testing
 
 from clock import TrioClock
+from hooks import HookPoint, Hooks
 from mesh.broker import Broker
 from mesh.client import SUBSCRIBE_SLICE
 from mesh.connection import ClientConnection
 from mqtt import (Connack, Connect, Decoder, Disconnect, Packet, Pingreq, Pingresp, Properties, Puback, Publish, ReasonCode, Suback,
                   Subscribe, Subscription, encode)
+from routing.forward import ForwardTarget
+from routing.links import AckGate
+from session_store.model import Message
 
 
 @pytest.fixture
@@ -181,7 +185,11 @@ class _JumpWhenWoken(trio.abc.Instrument):
         self.armed = self.jumped = False
 
     def task_scheduled(self, task: trio.lowlevel.Task) -> None:
-        if self.armed and task is not trio.lowlevel.current_task():
+        try:
+            waker = trio.lowlevel.current_task()
+        except RuntimeError:
+            return  # woken by the run loop (a timer), not by the bytes sent
+        if self.armed and task is not waker:
             self.armed, self.jumped = False, True
             self.clock.jump(self.by)
 
@@ -209,3 +217,109 @@ async def test_a_subscribe_in_slices_is_finished_when_the_readers_deadline_passe
         assert jump.jumped
         assert isinstance(suback, Suback) and len(suback.reason_codes) == 1000
         assert await peer.recv() == Disconnect(reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT)
+
+
+async def test_a_hooked_publish_is_routed_and_acknowledged_when_the_readers_deadline_passed_meanwhile(autojump_clock):
+    """The reader's scope fired while it waited to run with a PUBLISH whose
+    message.publish hook awaits: the PUBLISH is routed and acknowledged, not cut off at
+    the hook's first checkpoint (it was lost then: no PUBACK, nothing delivered, and the
+    reader read on)."""
+    hooks = Hooks()
+
+    async def slow_hook(message: Message) -> None:
+        await trio.sleep(0.1)
+
+    hooks.add(HookPoint.MESSAGE_PUBLISH, slow_hook, name="slow")
+    broker = Broker(hooks=hooks)
+    async with trio.open_nursery() as nursery:
+        sub = await _serve(nursery, broker)
+        await sub.send(Connect(client_id="sub", keep_alive=0, protocol_level=5))
+        await sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("t", qos=1),)))
+        assert [type(await sub.recv()).__name__ for _ in range(2)] == ["Connack", "Suback"]
+        pub = await _serve(nursery, broker)
+        await pub.send(Connect(client_id="pub", keep_alive=10, protocol_level=5))
+        assert isinstance(await pub.recv(), Connack)
+        jump = _JumpWhenWoken(autojump_clock, 16)  # past the keep alive's 15 s
+        trio.lowlevel.add_instrument(jump)
+        try:
+            jump.armed = True
+            await pub.stream.send_all(encode(Publish(topic="t", payload=b"hooked", qos=1, packet_id=5), 5) + encode(Pingreq(), 5))
+            first = await pub.recv()
+        finally:
+            trio.lowlevel.remove_instrument(jump)
+        assert jump.jumped
+        assert first == Puback(packet_id=5)
+        assert isinstance(await pub.recv(), Pingresp)
+        delivered = await sub.recv()
+        assert isinstance(delivered, Publish) and delivered.payload == b"hooked"
+        nursery.cancel_scope.cancel()
+
+
+class _AwaitingMesh:
+    """A cluster whose session claim awaits (`Mesh.prepare_connect`), and nothing else."""
+
+    def __init__(self) -> None:
+        self.claims: list[str] = []
+
+    def plain_nodes(self, topic: str) -> frozenset[str]:
+        return frozenset()
+
+    def stays_here(self, retain: bool) -> bool:
+        return True
+
+    def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]:
+        return {}
+
+    def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str:
+        return candidates[0]
+
+    def retained_targets(self) -> list[str]:
+        return []
+
+    def forward(self, msg: Message, targets: dict[str, ForwardTarget], gate: AckGate | None) -> int:
+        return 0
+
+    def route_changed(self, topic_filter: str, present: bool) -> None:
+        pass  # no other node to tell
+
+    def session_ended(self, client_id: str) -> None:
+        pass  # no other node to tell
+
+    def keep_expired(self, client_id: str, left_at: float, expired_at: float, now: float) -> float | None:
+        return None
+
+    def connect_is_local(self, client_id: str, clean_start: bool, persistent: bool) -> bool:
+        return False
+
+    async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str:
+        await trio.sleep(0.5)  # asking the node that held the session
+        self.claims.append(client_id)
+        return "claimed"
+
+
+async def test_a_connect_whose_claim_awaits_is_answered_when_the_readers_deadline_passed_meanwhile(autojump_clock):
+    """The reader's scope fired while it waited to run with a CONNECT whose session claim
+    awaits: the claim runs whole and the CONNECT is answered (it was cut off at the
+    claim's first checkpoint: no CONNACK, and the connection closed later as if no
+    CONNECT had come)."""
+    mesh = _AwaitingMesh()
+    broker = Broker(mesh=mesh)
+    async with trio.open_nursery() as nursery:
+        peer = await _serve(nursery, broker, connect_timeout=10.0)
+        await trio.testing.wait_all_tasks_blocked()  # the reader waits for the CONNECT
+        jump = _JumpWhenWoken(autojump_clock, 11)  # past the CONNECT timeout
+        trio.lowlevel.add_instrument(jump)
+        try:
+            jump.armed = True
+            await peer.send(Connect(client_id="late", keep_alive=0, protocol_level=5, clean_start=False,
+                                    properties=Properties(session_expiry_interval=60)))
+            with trio.fail_after(60):  # virtual seconds: no CONNACK ever came before
+                first = await peer.recv()
+        finally:
+            trio.lowlevel.remove_instrument(jump)
+        assert jump.jumped
+        assert isinstance(first, Connack) and first.reason_code == ReasonCode.SUCCESS
+        assert mesh.claims == ["late"]
+        await peer.send(Pingreq())
+        assert isinstance(await peer.recv(), Pingresp)
+        nursery.cancel_scope.cancel()
