@@ -96,9 +96,11 @@ class SessionHost(Protocol):
 
     def merge_session(self, stored: StoredSession, now: float, *, ahead_of: int | None = None) -> int: ...
 
-    def remember(self, client_id: str, keys: Iterable[tuple[str | None, int]]) -> None: ...
+    def remember(self, client_id: str, keys: Iterable[tuple[str | None, int]], *, taken_from: str | None = None) -> None: ...
 
     def forget_remembered(self, client_id: str) -> None: ...
+
+    def taken_from(self, client_id: str) -> str | None: ...
 
 
 class MetaNotes(Protocol):
@@ -216,9 +218,6 @@ class Handoffs:
         self._pushing: set[str] = set()
         self._claimed_since_ms: dict[str, int] = {}  # see `_note_claim_run`
         self._remember_until: dict[str, float] = {}
-        # Sessions taken from a replica, each with the dead owner it was taken from
-        # (while this node remembers what the session is given): see `_answer_push`.
-        self._taken_from_replica: dict[str, str] = {}
         self._incoming: dict[tuple[str, str], tuple[object, list[Delivery]]] = {}
         self._nursery: trio.Nursery | None = None
         self.stats = HandoffStats()
@@ -462,7 +461,7 @@ class Handoffs:
         # by another way (simulator seed 49 of 5 nodes, 20 clients, 60 s, 2 replicas, a
         # crash: a QoS 2 message the owner delivered during a cut came again from the
         # forward its node had held for the taker's node, replayed at the heal).
-        self._start_remembering(client_id, session, for_s=REMEMBER_FOR, given=stored.remembered)
+        self._start_remembering(client_id, session, for_s=REMEMBER_FOR, given=stored.remembered, taken_from=owner)
         # What members held for the dead owner comes here, before and after they learn
         # this node's routes (the fence): a member that never comes back would keep it.
         merge = StoredSession(client_id, queue=await replicas.held_for(client_id, owner, session.subscriptions))
@@ -473,24 +472,25 @@ class Handoffs:
             log.info("session %s: %d messages held for %s merged at the takeover (%d queued)",
                      client_id, added, owner, session.queued)
         replicas.taken_over(client_id, owner)
-        self._taken_from_replica[client_id] = owner
         await self.cluster.wait_durable()
         self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=client_id, origin=owner,
                         to=self.node_id, outcome="replica", reason=why, duration_ms=0.0,
                         messages=len(stored.queue) + len(stored.inflight))
 
     def _start_remembering(self, client_id: str, session: Session | None, *, for_s: float | None = None,
-                           given: set[tuple[str | None, int]] | None = None) -> None:
+                           given: set[tuple[str | None, int]] | None = None, taken_from: str | None = None) -> None:
         """From now on (for `for_s`, by default as long as a late forward may still be
         relayed here) the broker remembers which messages the session is given (and
         what it holds now, and `given`: what it was given on the node it came from),
-        so a copy merged into it later, or a late forward, does not deliver them twice."""
+        so a copy merged into it later, or a late forward, does not deliver them twice.
+        `taken_from`: the session came from a replica of that owner's copy, which does
+        not know what the owner delivered last (`Broker.deliver`, `_answer_push`)."""
         keys: list[tuple[str | None, int]] = []
         if session is not None:  # what it holds now is what it may deliver
             keys.extend(message_key(e.delivery.message) for e in session.inflight.values())
             keys.extend(message_key(d.message) for d in (session.queue if session.queued else ()))
         keys.extend(given or ())
-        self.broker.remember(client_id, keys)
+        self.broker.remember(client_id, keys, taken_from=taken_from)
         until = max(self.clock.wall() + (self.moved_memory if for_s is None else for_s),
                     self._remember_until.get(client_id, 0.0))
         if until != self._remember_until.get(client_id):
@@ -499,7 +499,6 @@ class Handoffs:
                 self.notes.put_meta(REMEMBER_UNTIL_META + client_id, until)
 
     def _stop_remembering(self, client_id: str) -> None:
-        self._taken_from_replica.pop(client_id, None)
         if self._remember_until.pop(client_id, None) is not None and self.notes is not None:
             self.notes.delete_meta(REMEMBER_UNTIL_META + client_id)
         self.broker.forget_remembered(client_id)
@@ -1227,7 +1226,7 @@ class Handoffs:
         if self._giver_copy_pending(cid, peer, chunk, sent_to):
             self._incoming.pop(key, None)
             return "ho_state", {"ok": False, "why": "wait"}
-        dead_owner = self._taken_from_replica.get(cid)
+        dead_owner = self.broker.taken_from(cid)
         if dead_owner is not None:
             # The session came from a replica: what the dead owner delivered before it
             # died is not in that copy.  A message it published, or one forwarded to it

@@ -357,6 +357,13 @@ def test_a_message_the_dead_owner_may_have_delivered_comes_with_dup_after_a_take
     # into a session taken from a replica now carries DUP=1 for what the dead owner
     # published or was sent too (routing/handoff_driver.py `_answer_push`).
     assert simulate_seed(5, 20, 60, 59, "--replicas", "2", "--crash") == "seed=59 ok"
+    # Seed 183 (same mode): the same message by a forward instead of a push.  During a
+    # cut n1 -> n2, p2/1/5 was published on n1 and delivered there to s1; s1 moved to
+    # n2, which took it from its replica on n3 (n1 unreachable from n2).  At the heal n1
+    # replayed the forward it had held for n2 (for s3 there), and n2 delivered p2/1/5
+    # to s1 again with DUP=0.  What the owner a session was taken from published comes
+    # with DUP=1 while the session remembers what it is given (mesh/broker.py `deliver`).
+    assert simulate_seed(5, 20, 60, 183, "--replicas", "2", "--crash") == "seed=183 ok"
 
 
 def test_a_qos2_message_the_owner_completed_is_not_delivered_again_after_a_takeover_from_a_replica() -> None:
