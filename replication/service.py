@@ -128,7 +128,7 @@ class SessionsHost(Protocol):
 
     def on_durable(self) -> None: ...
 
-    def merge_session(self, stored: StoredSession, now: float) -> int: ...
+    def merge_session(self, stored: StoredSession, now: float, *, ahead_of: int | None = None) -> int: ...
 
     def publish_will(self, client_id: str, will: Will, now: float) -> None: ...
 
@@ -1337,22 +1337,28 @@ class Replication:
             raise ValueError("subscriptions are a list")
         return self._held_matching(str(args["o"]), subs)
 
-    def taken_over(self, client_id: str, owner: str) -> None:
+    def taken_over(self, client_id: str, owner: str, *, direct_from: int | None = None) -> None:
         """This node owns the session now: its own copy goes, and so do the others'
         (the new replicas get snapshots); what members go on holding for the dead
-        owner (forwards that were on their way to it) is fetched for a while."""
+        owner (forwards that were on their way to it) is fetched for a while, and
+        merged with what reached the session directly from delivery `direct_from` on
+        in its origins' order."""
         self._drop_copy(client_id)
         if self._nursery is not None:
             for peer in self.members.alive_members():
                 if peer != self.node_id:
                     self._nursery.start_soon(self._tell_drop, peer, client_id)
-            self._nursery.start_soon(self._follow_held, client_id, owner)
+            self._nursery.start_soon(self._follow_held, client_id, owner, direct_from)
 
-    async def _follow_held(self, client_id: str, owner: str) -> None:
+    async def _follow_held(self, client_id: str, owner: str, direct_from: int | None = None) -> None:
         """Forwards a member had sent to the dead owner, unacknowledged, are held for
-        it once the member sees it dead, which may come after the takeover: they are
-        fetched and merged (the session remembers what it had) for `FOLLOW_HELD_FOR`
-        (an owner that is back took what was held for it: nothing is left to fetch)."""
+        it once the member sees it dead, which may come after the takeover (or the
+        member could not be asked then: cut off from this node): they are fetched and
+        merged (the session remembers what it had) for `FOLLOW_HELD_FOR` (an owner
+        that is back took what was held for it: nothing is left to fetch).  They go
+        ahead of the newer messages of their origins still queued here (`ahead_of`),
+        not behind them; one whose newer ones were sent to the client already comes
+        after those (README "What a takeover from a replica cannot know")."""
         until = self.clock.now() + FOLLOW_HELD_FOR
         while self.clock.now() < until:
             await trio.sleep(FOLLOW_HELD_EVERY)
@@ -1361,7 +1367,8 @@ class Replication:
                 return
             found = await self.held_for(client_id, owner, dict(session.subscriptions))
             if found:
-                added = self.broker.merge_session(StoredSession(client_id, queue=found), self.clock.wall())
+                added = self.broker.merge_session(StoredSession(client_id, queue=found), self.clock.wall(),
+                                                  ahead_of=direct_from)
                 if added:
                     log.info("session %s: %d messages held for %s merged", client_id, added, owner)
 

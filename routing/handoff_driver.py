@@ -153,7 +153,7 @@ class ReplicaSource(Protocol):
 
     async def held_for(self, client_id: str, owner: str, subscriptions: Mapping[str, SubscriptionOptions]) -> list[Delivery]: ...
 
-    def taken_over(self, client_id: str, owner: str) -> None: ...
+    def taken_over(self, client_id: str, owner: str, *, direct_from: int | None = None) -> None: ...
 
 
 class _Superseded(Exception):
@@ -471,7 +471,7 @@ class Handoffs:
             added = self.broker.merge_session(merge, self.clock.wall(), ahead_of=direct_from)
             log.info("session %s: %d messages held for %s merged at the takeover (%d queued)",
                      client_id, added, owner, session.queued)
-        replicas.taken_over(client_id, owner)
+        replicas.taken_over(client_id, owner, direct_from=direct_from)
         await self.cluster.wait_durable()
         self.trace.emit(ts_us=self._wall_us(), kind="session_handoff", subject=client_id, origin=owner,
                         to=self.node_id, outcome="replica", reason=why, duration_ms=0.0,
