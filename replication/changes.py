@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from session_store import records
 from session_store.handoff import (
@@ -59,7 +59,8 @@ MAYBE_SENT = 64
 # owner removed: completed) a replica keeps, so that a takeover from it does not
 # deliver them again when they arrive late by another way (a held forward replayed at
 # a heal, a relayed copy): QoS 2 is exactly once, where a QoS 1 repeat goes with DUP.
-# In memory: a restarted replica forgets them.
+# Kept on the replica's disk with the copy (`given_to_wire`), so a restarted replica
+# still has them.
 GIVEN_KEPT = 256
 
 Change = list[object]
@@ -164,22 +165,24 @@ class ReplicaCopy:
     # first, at most GIVEN_KEPT: the session's `remembered` at a takeover.
     given: dict[tuple[str | None, int], None] = field(default_factory=dict)
 
-    def note_gone(self, record: list[object] | None, key: object) -> None:
+    def note_gone(self, record: list[object] | None, key: object) -> bool:
         """A delivery the owner removed: keep a QoS 2 one's key in `given`, from the
         copy's `record` of it ([state, wire form]) if it had one, else from the gone
         change (`delivery_change`: [origin, message id] or None).  Read off the wire
-        forms, without building the message: this runs for every delivery removed."""
+        forms, without building the message: this runs for every delivery removed.
+        Whether a key was kept."""
         if record is not None:
             wire = record[1]
             if not (isinstance(wire, list) and len(wire) == 5 and wire[1] == 2 and isinstance(wire[0], dict)):
-                return  # not QoS 2
+                return False  # not QoS 2
             key = [wire[0].get("o"), wire[0].get("i")]
         if not (isinstance(key, list) and len(key) == 2 and (key[0] is None or isinstance(key[0], str))
                 and isinstance(key[1], int)):
-            return
+            return False
         self.given[(key[0], key[1])] = None
         if len(self.given) > GIVEN_KEPT:
             del self.given[next(iter(self.given))]
+        return True
 
     def header(self) -> dict[str, object]:
         """Everything but the deliveries (a replica stores those one record each)."""
@@ -245,6 +248,7 @@ class Applied:
     header: bool = False
     ended: bool = False
     resync: bool = False
+    given: bool = False  # the copy's `given` changed (written apart from the header)
 
 
 def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: object,
@@ -275,6 +279,8 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
                 raise ChangeError(f"bad snapshot: {exc}") from None
             if copy is not None and copy.owner == owner:
                 fresh.given = copy.given  # a snapshot from the same owner: the session is the same
+            elif copy is not None and copy.given:
+                result.given = True  # another owner's session: what the old one was given goes
             result.copy = fresh
             result.put = list(fresh.deliveries)
             result.deleted = [d for d in result.deleted if d not in fresh.deliveries]
@@ -309,7 +315,8 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
                 raise ChangeError("bad delivery change")
             if state == NO_RECORD:
                 gone = copy.deliveries.pop(dseq, None)
-                copy.note_gone(gone, wire)
+                if copy.note_gone(gone, wire):
+                    result.given = True
                 if gone is not None:
                     result.deleted.append(dseq)
                     if dseq in result.put:
@@ -349,6 +356,40 @@ def apply_changes(copy: ReplicaCopy | None, client_id: str, owner: str, stamp: o
         else:
             raise ChangeError(f"unknown change {kind!r}")
     return result
+
+
+def given_to_wire(given: Mapping[tuple[str | None, int], None]) -> list[list[object]]:
+    """A copy's `given` as its replica stores it: per origin node, its first message
+    id, then each next one as the difference from the one before (message ids rise
+    with each origin's publishes: small numbers), in the order they were given.
+    At most GIVEN_KEPT keys: a few hundred bytes."""
+    runs: dict[str | None, list[object]] = {}
+    last: dict[str | None, int] = {}
+    for origin, msg_id in given:
+        run = runs.get(origin)
+        if run is None:
+            runs[origin] = [origin, msg_id]
+        else:
+            run.append(msg_id - last[origin])
+        last[origin] = msg_id
+    return list(runs.values())
+
+
+def given_from_wire(value: object) -> dict[tuple[str | None, int], None]:
+    """`given_to_wire`'s form read back (what does not parse is left out: the keys
+    only spare a late repeat; each origin's keys in order, origins one after another)."""
+    given: dict[tuple[str | None, int], None] = {}
+    for run in value if isinstance(value, list) else ():
+        if not (isinstance(run, list) and len(run) >= 2 and (run[0] is None or isinstance(run[0], str))
+                and all(isinstance(n, int) for n in run[1:])):
+            continue
+        msg_id = 0
+        for i, n in enumerate(run[1:]):
+            msg_id = n if i == 0 else msg_id + n
+            given[(run[0], msg_id)] = None
+    while len(given) > GIVEN_KEPT:
+        del given[next(iter(given))]
+    return given
 
 
 def _will_record(value: object) -> bytes | None:

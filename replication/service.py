@@ -100,6 +100,7 @@ TAKEN_FOR = 30.0  # a copy a taker fetched: its will is the taker's this long (t
 RESTORED_WILL_GRACE = 5.0
 HEADER_META = "repl/"
 DELIVERY_META = "repld/"
+GIVEN_META = "replg/"  # a copy's `given` (changes.given_to_wire), written when it changes
 
 
 
@@ -874,6 +875,12 @@ class Replication:
                 if copy is not None and number.isdigit() and isinstance(value, list) and len(value) == 2:
                     copy.deliveries[int(number)] = value
                     self.store.put_replica_delivery(cid, int(number), changes.delivery_record, value[0], value[1])
+            elif key.startswith(GIVEN_META):
+                copy = self.copies_held.get(key[len(GIVEN_META):])
+                if copy is None:
+                    self.store.delete_meta(key)
+                else:
+                    copy.given = changes.given_from_wire(value)
         for cid, copy in self.copies_held.items():
             if copy.will_sent:  # sent before this restart: its owner is still to be told
                 self._wills_sent[cid] = copy.owner
@@ -883,6 +890,7 @@ class Replication:
         if applied.ended or applied.copy is None:
             store.delete_replica_copy(cid)
             store.delete_meta(HEADER_META + cid)
+            store.delete_meta(GIVEN_META + cid)
             return
         if applied.deleted:
             store.delete_replica_deliveries(cid, applied.deleted)
@@ -893,6 +901,14 @@ class Replication:
             store.put_replica_delivery(cid, dseq, changes.delivery_record, state, wire)
         if applied.header:
             store.put_meta(HEADER_META + cid, copy.header())
+        if applied.given:
+            # Apart from the header (written with every batch): only when a QoS 2
+            # delivery completed, so a takeover after a restart of this node still
+            # skips those messages when they come late.
+            if copy.given:
+                store.put_meta(GIVEN_META + cid, changes.given_to_wire(copy.given))
+            else:
+                store.delete_meta(GIVEN_META + cid)
 
     def _drop_copy(self, cid: str) -> None:
         self._taken.pop(cid, None)

@@ -144,3 +144,22 @@ def test_a_copy_keeps_the_keys_of_the_qos2_messages_its_session_was_given_lately
     assert same is not None and len(same.given) == changes.GIVEN_KEPT
     other = apply_changes(copy, "c", "n1", None, [changes.snapshot_change(1, Session("c", True))]).copy
     assert other is not None and not other.given
+
+
+def test_the_given_keys_are_stored_compactly_and_read_back_in_order() -> None:
+    # Kept on the replica's disk with the copy: per origin its first id, then differences.
+    stream = [changes.delivery_change(1 + i, delivery(1_000_000 + 3 * i, qos=2), NO_RECORD) for i in range(4)]
+    result = apply_changes(ReplicaCopy("c", "n0", seq=0), "c", "n0", None, stream)
+    assert result.given and result.copy is not None
+    given = dict(result.copy.given)
+    given[(None, 7)] = None
+    wire = changes.given_to_wire(given)
+    assert wire == [["n9", 1_000_000, 3, 3, 3], [None, 7]]
+    assert list(changes.given_from_wire(wire)) == list(given)
+    # What does not parse is left out; more than GIVEN_KEPT keeps the newest.
+    assert changes.given_from_wire([["n9", "x"], "junk", [3, 1], ["n1", 5, -1]]) == {("n1", 5): None, ("n1", 4): None}
+    many = changes.given_from_wire([["n1", *range(1, changes.GIVEN_KEPT + 11)]])
+    assert len(many) == changes.GIVEN_KEPT and ("n1", 1) not in many
+    # A QoS 1 removal or a later state change does not rewrite them.
+    quiet = apply_changes(result.copy, "c", "n0", None, [changes.delivery_change(5, delivery(9), NO_RECORD)])
+    assert not quiet.given
