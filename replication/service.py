@@ -98,6 +98,10 @@ TAKEN_FOR = 30.0  # a copy a taker fetched: its will is the taker's this long (t
 # A will restored by an owner back from a crash waits this long after its start: a
 # replica that sent it meanwhile tells it so once it sees it alive (`repl_nowill`).
 RESTORED_WILL_GRACE = 5.0
+# A member told that another sent a dead owner's will passes that on to the owner when
+# it sees it back (the sender may be down then): kept this long, at most this many.
+WILL_HEARD_FOR = 24 * 3600.0
+WILLS_HEARD_MAX = 100_000
 HEADER_META = "repl/"
 DELIVERY_META = "repld/"
 GIVEN_META = "replg/"  # a copy's `given` (changes.given_to_wire), written when it changes
@@ -300,6 +304,8 @@ class Replication:
         self._orphan_busy: dict[str, float] = {}
         self._taken: dict[str, float] = {}
         self._wills_sent: dict[str, str] = {}  # client id -> the dead owner whose will this node sent
+        # client id -> (the dead owner whose will another member sent, until when kept)
+        self._wills_heard: dict[str, tuple[str, float]] = {}
         # The last check that members holding the majority answer (`_majority_answers`):
         # when it ended, its outcome, and the event of one running.
         self._majority_at = float("-inf")
@@ -1060,13 +1066,15 @@ class Replication:
             first_seen = member not in self._seen_alive
             self._seen_alive.add(member)
             back = self._dead_since.pop(member, None) is not None
-            if (back or first_seen) and self._wills_sent and self._nursery is not None:
+            if (back or first_seen) and (self._wills_sent or self._wills_heard) and self._nursery is not None:
                 # Back (or seen for the first time since this node's start, which may
-                # have come while it was down): the wills this node sent for it must
-                # not go again from its store.
-                for cid, owner in list(self._wills_sent.items()):
-                    if owner == member:
-                        self._nursery.start_soon(self._tell_owner_will_sent, member, cid)
+                # have come while it was down): the wills this node sent for it, or
+                # heard another member sent (that one may be down now), must not go
+                # again from its store.
+                told = {cid for cid, owner in self._wills_sent.items() if owner == member}
+                told.update(cid for cid, (owner, until) in self._wills_heard.items() if owner == member and until > now)
+                for cid in told:
+                    self._nursery.start_soon(self._tell_owner_will_sent, member, cid)
         for member in self._seen_alive - alive:
             # Only a member seen alive since this start: at a start, members not heard
             # yet are not dead.
@@ -1199,6 +1207,8 @@ class Replication:
             return  # an older owner, or gone again: asked again when it is back
         if self._wills_sent.get(cid) == owner:
             del self._wills_sent[cid]
+        if self._wills_heard.get(cid, ("", 0.0))[0] == owner:
+            del self._wills_heard[cid]
         copy = self.copies_held.get(cid)
         if copy is not None and copy.owner == owner and copy.will_sent:
             copy.will_sent = False
@@ -1212,12 +1222,24 @@ class Replication:
             if self.broker.cancel_will(cid):
                 log.info("session %s: its will was sent by %s while this node was down; not sent again", cid, peer)
             return {}
+        self._heard_will_sent(cid, owner)
         copy = self.copies_held.get(cid)
         if copy is not None and copy.owner == owner and copy.will is not None:
             copy.will = None
             self.store.put_meta(HEADER_META + cid, copy.header())
             await self._locally_durable()
         return {}
+
+    def _heard_will_sent(self, cid: str, owner: str) -> None:
+        """Another member sent the will of `owner`'s session `cid`: this node tells the
+        owner when it sees it back too, in case the sender is down then (in memory, for
+        `WILL_HEARD_FOR`: the sender keeps it on disk and tells the owner itself)."""
+        now = self.clock.now()
+        if len(self._wills_heard) >= WILLS_HEARD_MAX:
+            self._wills_heard = {c: v for c, v in self._wills_heard.items() if v[1] > now}
+            while len(self._wills_heard) >= WILLS_HEARD_MAX:
+                del self._wills_heard[next(iter(self._wills_heard))]
+        self._wills_heard[cid] = (owner, now + WILL_HEARD_FOR)
 
     # ------------------------------------------------------------ takeover
 

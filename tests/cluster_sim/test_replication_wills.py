@@ -226,6 +226,36 @@ def test_a_replica_restarted_after_sending_the_will_still_tells_the_returning_ow
     sim(scenario, session_replicas=2)
 
 
+def test_the_owner_back_while_the_replica_that_sent_the_will_is_down_does_not_send_it_again() -> None:
+    """The replica sends the will of a client that never came back and tells the other
+    members; it is down when the old owner comes back with the will in its store.  A
+    member it told says so to the owner instead, within the 5 s the owner holds a
+    restored will, and the will goes once."""
+
+    async def scenario(c: SimCluster) -> None:
+        replica = replicas_for("gone", "n0", c.node_ids, 2)[0]
+        elsewhere = next(n for n in c.node_ids if n not in ("n0", replica))
+        watcher = await c.connect(elsewhere, "watcher")
+        await watcher.subscribe("wills/#", 1)
+        await wait_route(c, "wills/#", {elsewhere})
+        gone = await c.connect("n0", "gone", clean_start=False, session_expiry=EXPIRY, will=will("wills/gone", b"gone"))
+        await c.wait_for(lambda: (copy := replication(c, replica).copies_held.get("gone")) is not None
+                         and copy.will is not None, 10, "the will on the replica")
+        assert gone.connected
+        await c.kill("n0")
+        await wait_dead(c, "n0")
+        await c.wait_for(lambda: watcher.payloads("wills/gone") == [b"gone"], 10, "the will, from the replica")
+        await c.run_for(2.0)  # the other members told
+        await c.kill(replica)
+        await c.wait_for(lambda: replica not in c.gossip(elsewhere).alive_members(), 30, "the replica seen dead")
+        await c.restart("n0")
+        await c.wait_for(lambda: "n0" in c.gossip(elsewhere).alive_members(), 30, "n0 back")
+        await c.run_for(30.0)  # well past the 5 s the owner holds a restored will
+        assert watcher.payloads("wills/gone") == [b"gone"]
+
+    sim(scenario, session_replicas=2, nodes=4)
+
+
 def test_a_replica_cut_off_on_the_minority_side_of_a_netsplit_does_not_send_the_will() -> None:
     """The replica alone on one side, the owner with its connected client and the third
     node on the other: the replica sees the owner dead, but its side does not hold the
