@@ -1288,6 +1288,17 @@ class Replication:
                  client_id, holder, seq, len(stored.queue), len(stored.inflight), owner)
         return stored
 
+    def claim_of_copy(self, client_id: str) -> Claim | None:
+        """The ownership claim the copy held here names (its owner's stamp when it last
+        sent), or None: the owner's stream brings it, and a claim broadcast this node
+        missed (gossip can lose one until the next exchange of states, tens of seconds)
+        is known here that way."""
+        copy = self.copies_held.get(client_id)
+        if copy is None or copy.stamp is None:
+            return None
+        stamp = _claim_key(copy.stamp)
+        return None if stamp is _NO_CLAIM else Claim(client_id, copy.owner, stamp)
+
     async def unclaimed_copy_owner(self, client_id: str) -> str | None:
         """For a CONNECT resuming a session whose claim this node never heard (its owner
         may have died before the claim spread): the owner of the newest copy held in

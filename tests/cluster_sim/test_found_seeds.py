@@ -375,3 +375,15 @@ def test_a_qos2_message_the_owner_completed_is_not_delivered_again_after_a_takeo
     # copy's session was given lately (`ReplicaCopy.given`), and a takeover from it
     # remembers them (tests/replication/test_changes.py).
     assert simulate_seed(5, 20, 60, 49, "--replicas", "2", "--crash") == "seed=49 ok"
+
+
+def test_a_replica_that_missed_the_new_owners_claim_hands_the_session_over_from_it() -> None:
+    # Seed 413 (5/20/60, 2 replicas, one node crashes for good): s0's owner n1 crashed;
+    # n0 took s0 over from the replica on n4 and replicated it back to n4.  The
+    # broadcast of n0's claim never reached n4 (gossip lost it; the next exchange of
+    # states came 30 s later), so when s0 came to n4, n4 held n1 for the owner, took
+    # the session from its copy of n0's as from a dead owner's, merged what it held for
+    # n1, and p1/2/2, which s0 had taken on n0, went again without DUP.  A CONNECT now
+    # takes the claim that the copy held there names (`Replication.claim_of_copy`):
+    # n0, alive, hands the session over.
+    assert simulate_seed(5, 20, 60, 413, "--replicas", "2", "--crash") == "seed=413 ok"
