@@ -77,6 +77,7 @@ UNCLAIMED_ASK_TIMEOUT = 0.5
 HOUSEKEEPING_INTERVAL = 1.0
 FOLLOW_HELD_FOR = 60.0  # after a takeover, what members hold for the dead owner is fetched this long
 FOLLOW_HELD_EVERY = 2.0
+TOOK_FOR = 24 * 3600.0  # what a takeover took is kept this long for a copy coming back (`_answer_merge`)
 SNAPSHOTS_PER_ROUND = 200  # re-replication: new copies started per housekeeping round, at most (and `bandwidth`)
 MAX_BATCH = 2000  # changes per `repl` batch
 # Batches sent on a channel and not yet confirmed, per replica.  One: a replica's
@@ -134,6 +135,11 @@ class SessionsHost(Protocol):
     def on_durable(self) -> None: ...
 
     def merge_session(self, stored: StoredSession, now: float, *, ahead_of: int | None = None) -> int: ...
+
+    @property
+    def remembered(self) -> dict[str, set[tuple[str | None, int]]]: ...
+
+    def remember(self, client_id: str, keys: Iterable[tuple[str | None, int]]) -> None: ...
 
     def publish_will(self, client_id: str, will: Will, now: float) -> None: ...
 
@@ -306,6 +312,11 @@ class Replication:
         self._wills_sent: dict[str, str] = {}  # client id -> the dead owner whose will this node sent
         # client id -> (the dead owner whose will another member sent, until when kept)
         self._wills_heard: dict[str, tuple[str, float]] = {}
+        # What a takeover here took, per client id: (the copy's owner, its sequence; -1
+        # when no live member held one, a new session), and when: a copy of the same
+        # owner's session that comes back later with more is merged (`_answer_merge`).
+        self._took: dict[str, tuple[str, int, float]] = {}
+        self._offering: set[str] = set()  # copies being offered to their session's new owner
         # The last check that members holding the majority answer (`_majority_answers`):
         # when it ended, its outcome, and the event of one running.
         self._majority_at = float("-inf")
@@ -319,6 +330,7 @@ class Replication:
         queries.handle("repl_drop", self._answer_drop)
         queries.handle("repl_held", self._answer_held)
         queries.handle("repl_nowill", self._answer_nowill)
+        queries.handle("repl_merge", self._answer_merge)
         if copies > 1:
             store.on_session_change(self)
 
@@ -976,6 +988,8 @@ class Replication:
                 resync.append(cid)
                 continue
             self.stats.applied += len(session_changes)
+            if copy is not None and applied.copy is not copy and copy.owner != peer:
+                self._offer_copy(cid, copy, peer)  # replaced by the new owner's: what only it has goes there
             if applied.copy is None:
                 self.copies_held.pop(cid, None)
             else:
@@ -1040,8 +1054,74 @@ class Replication:
             # A newer claim by a live node (or a release): after a grace, since the
             # claim of a takeover spreads before the taker has fetched this copy.
             if (claim.owner is None or claim.owner in alive or claim.owner == self.node_id) \
-                    and now_ms - claim.stamp.wall_ms > COLLECT_GRACE_MS:
+                    and now_ms - claim.stamp.wall_ms > COLLECT_GRACE_MS and cid not in self._offering:
+                if claim.owner is not None and claim.owner != self.node_id:
+                    self._offer_copy(cid, copy, claim.owner, drop=True)
+                else:
+                    self._drop_copy(cid)
+        horizon = self.clock.now() - TOOK_FOR
+        for cid in [cid for cid, (_, _, at) in self._took.items() if at < horizon]:
+            del self._took[cid]
+
+    # ------------------------------------------------------------ a copy back from the dead
+
+    def _note_took(self, client_id: str, owner: str, seq: int) -> None:
+        self._took[client_id] = (owner, seq, self.clock.now())
+
+    def _offer_copy(self, cid: str, copy: ReplicaCopy, to: str, *, drop: bool = False) -> None:
+        """A copy of a session another node owns now by a newer claim: offered to it
+        before it goes (`drop`: dropped here after the answer, whatever it is).  This
+        node may have been down when that node took the session over, and hold what
+        the copy it took lacked (`_answer_merge`)."""
+        if self._nursery is None or not copy.deliveries or copy.owner in self._alive_set():
+            # (An owner alive handed its session over itself: the new owner has it all.)
+            if drop:
                 self._drop_copy(cid)
+            return
+        self._offering.add(cid)
+        self._nursery.start_soon(self._offer, cid, copy, to, drop)
+
+    async def _offer(self, cid: str, copy: ReplicaCopy, to: str, drop: bool) -> None:
+        args = {"c": cid, "h": copy.header(), "g": [list(key) for key in copy.given],
+                "d": [[dseq, state_wire[0], state_wire[1]] for dseq, state_wire in sorted(copy.deliveries.items())]}
+        try:
+            reply = await self.queries.ask(to, "repl_merge", args, timeout=REPLICA_TIMEOUT * 2)
+            merged = reply.get("m") if isinstance(reply, dict) else None
+            if merged:
+                log.info("session %s: %d messages of the copy held here merged into %s's", cid, merged, to)
+        except (QueryFailed, OSError, trio.BrokenResourceError) as exc:
+            log.debug("session %s: offering the copy held here to %s failed (%s)", cid, to, exc)
+        finally:
+            self._offering.discard(cid)
+            if drop and self.copies_held.get(cid) is copy:
+                self._drop_copy(cid)
+
+    async def _answer_merge(self, peer: str, args: Mapping[str, Any]) -> object:
+        """A copy of a session this node took over, from a member that held it and was
+        down then: merged when it is of the owner whose copy the takeover took (or
+        looked for and found none) and newer than that copy, as the takeover would have
+        taken it, had that member been up; each message with DUP=1 (the dead owner may
+        have sent it), none that the session was given since (it remembers those).
+        "m": how many were added."""
+        cid = str(args["c"])
+        copy = _copy_from_reply(cid, args)
+        took = self._took.get(cid)
+        if (took is None or took[0] != copy.owner or took[1] >= copy.seq or cid not in self.broker.sessions
+                or not self._owns(cid) or cid not in self.broker.remembered):
+            return {"m": 0}
+        stored = copy.stored_session()
+        for d in stored.queue:
+            d.dup = True
+        for _, d, _ in stored.inflight:
+            d.dup = True
+        self.broker.remember(cid, stored.remembered)
+        added = self.broker.merge_session(StoredSession(cid, subscriptions=stored.subscriptions,
+                                                        queue=[d for _, d, _ in stored.inflight] + stored.queue),
+                                          self.clock.wall())
+        self._note_took(cid, copy.owner, copy.seq)  # the same copy offered again adds nothing
+        await self._locally_durable()
+        log.warning("session %s: merged %d messages from the copy %s held (down at the takeover)", cid, added, peer)
+        return {"m": added}
 
     # ------------------------------------------------------------ wills of orphaned copies
 
@@ -1269,6 +1349,7 @@ class Replication:
         for peer, key in sorted(answers.items()):
             if best is None or key > best[0]:
                 best = (key, peer)
+        self._note_took(client_id, owner, -1)  # until a copy is taken: a replica down now may have one
         if best is None:
             return None
         (_, seq), holder = best
@@ -1284,6 +1365,7 @@ class Replication:
             log.warning("session %s: the copy on %s could not be taken (%s)", client_id, holder, exc)
             return None
         self.stats.takeovers += 1
+        self._note_took(client_id, copy.owner, copy.seq)
         log.info("session %s taken over from the replica on %s (seq %d, %d queued, %d in flight; owner %s unreachable)",
                  client_id, holder, seq, len(stored.queue), len(stored.inflight), owner)
         return stored
