@@ -54,6 +54,8 @@ class Mesh(Protocol):
 
     def shared_nodes(self, topic: str) -> dict[tuple[str, str], set[str]]: ...
 
+    def has_shared_routes(self) -> bool: ...
+
     def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str: ...
 
     def retained_targets(self) -> list[str]: ...
@@ -660,7 +662,7 @@ class Broker:
         # A forwarded message names its groups; else no shared group here, none
         # elsewhere to weigh: no keys (the common case).
         shared_keys = only_groups if only_groups is not None else self._shared_keys(topic, None, remote) \
-            if remote is not None or len(self.shared) else ()
+            if len(self.shared) or remote is not None and self.mesh is not None and self.mesh.has_shared_routes() else ()
         if not matches and not shared_keys:
             return 0
         sessions = self.sessions

@@ -73,6 +73,8 @@ class RouteCounts(Protocol):
 class LinkCounts(Protocol):
     @property
     def dropped(self) -> int: ...
+    @property
+    def sent_batches(self) -> int: ...
 
 
 class MalformedCount(Protocol):
@@ -244,6 +246,8 @@ def node_metrics(*, broker: BrokerCounts, store: StoreCounts, gossip: GossipCoun
                        lambda: cluster.pulled_delta_changes)
     m.counter_callback("meshd_forwarded_out_total", "messages forwarded to other nodes", lambda: cluster.forwarded_out)
     m.counter_callback("meshd_forwarded_in_total", "messages received from other nodes", lambda: cluster.forwarded_in)
+    m.counter_callback("meshd_forward_batches_total", "batches of forwarded messages sent to other nodes (one frame each)",
+                       lambda: sum(link.sent_batches for link in cluster.links.values()))
     m.counter_callback(
         "meshd_mesh_dropped_total", "forwards dropped because a link's send queue was full",
         lambda: sum(link.dropped for link in cluster.links.values()),

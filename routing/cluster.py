@@ -30,13 +30,13 @@ from gossip.events import MemberState
 from gossip.trace import Tracer
 from gossip.wire import Envelope
 from oplog import Event, log_event
-from routing.forward import PLAIN_REPLAY, ForwardTarget
+from routing.forward import PLAIN_ONLY, PLAIN_REPLAY, ForwardTarget
 from routing.batch import Unpacked, held_seqs, open_gates
 from routing.contact import PEERS_META, Contact
 from routing.handoff_driver import ClaimGossip, Handoffs, ReplicaSource, SessionHost
 from routing.heap import HeapFreeze
 from routing.held import HeldMessageRecord, HeldRoutesRecord, HeldTraffic
-from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Reply
+from routing.links import AckGate, Fields, Frame, InboundLinks, LinkGossip, LinkItem, OutboundLink, Queued, Reply
 from routing.port import MeshPort
 from routing.recent import RecentKeys
 from routing.retained import RetainedIndex
@@ -396,7 +396,7 @@ class Cluster:
             self._settling = True
             self._nursery.start_soon(self._settle_routes)
 
-    def _hold_failed(self, member: str, items: list[LinkItem]) -> list[LinkItem]:
+    def _hold_failed(self, member: str, items: list[Queued]) -> list[Queued]:
         """Items a dead member's link never got acknowledged: QoS >= 1 plain forwards are
         held for it (in order) when its routes are; their publishers are answered once
         that is on disk."""
@@ -404,7 +404,8 @@ class Cluster:
             return items
         now = self.clock.wall()
         for item in items:
-            if item.qos and item.plain:
+            # (A QoS 0 message queued as itself is not held.)
+            if type(item) is LinkItem and item.qos and item.plain:
                 self._hold(member, item.message, now, item.held_seq or None, item.also, item.sent)
         return items
 
@@ -425,7 +426,7 @@ class Cluster:
         out = [msg for _, msg, _, _ in held.messages] if held is not None else []
         link = self.links.get(member)
         if link is not None:
-            out.extend(item.message for item in link.pending() if item.qos and item.plain)
+            out.extend(item.message for item in link.pending() if type(item) is LinkItem and item.qos and item.plain)
         return out
 
     def _replay_held(self, member: str) -> None:
@@ -689,17 +690,19 @@ class Cluster:
         else:
             gate = None
         links = self.links
+        qos0 = not msg.qos
         for node, target in targets.items():
-            item = LinkItem(msg, target, also, gate)
+            # QoS 0 to plain subscribers only: the message itself (`routing.batch.Queued`).
+            queued: Queued = msg if qos0 and target is PLAIN_ONLY else LinkItem(msg, target, also, gate)
             if gate is not None:
                 gate.waiting += 1
             link = links.get(node)
             if link is None:
                 link = self._link(node)
-            if link.enqueue(item):
+            if link.enqueue(queued):
                 self.forwarded_out += 1
             else:
-                self._release([item])
+                self._release([queued])
         return held
 
     def _hold_for_unreachable(self, msg: Message, targets: dict[str, ForwardTarget]) -> int:
@@ -769,14 +772,14 @@ class Cluster:
             self._nursery.start_soon(link.run)
         return link
 
-    def _acked(self, peer: str, items: list[LinkItem]) -> None:
+    def _acked(self, peer: str, items: list[Queued]) -> None:
         """A peer acknowledged a batch: replayed held messages in it are done."""
         store = self.store
         for seq in held_seqs(items):
             store.delete_meta(f"{HELD_MSG}{peer}/{seq:020d}")
         self._release(items)
 
-    def _release(self, items: list[LinkItem]) -> None:
+    def _release(self, items: list[Queued]) -> None:
         """Items acknowledged by their peer, or given up: their gates open."""
         if open_gates(items):
             self.broker.on_durable()

@@ -32,11 +32,10 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 import trio
 
 from gossip import wire
-from gossip.service import read_frame
-from routing.batch import (CAPABILITIES, FWDB, RESENT, AckGate, LinkItem, Unpacked, fwdb_body, read_fwdb, unpack,
-                           unpack_fwd, unpack_read)
+from routing.batch import (CAPABILITIES, FWDB, RESENT, AckGate, LinkItem, Queued, Unpacked, fwdb_body, link_item,
+                           read_fwdb, sent_before, unpack, unpack_fwd, unpack_read)
 
-__all__ = ["AckGate", "FramedStream", "InboundLinks", "LinkItem", "OutboundLink"]
+__all__ = ["AckGate", "FramedStream", "InboundLinks", "LinkItem", "OutboundLink", "Queued"]
 
 
 class LinkGossip(Protocol):
@@ -80,14 +79,25 @@ class _Marker:
         self.on_reply = on_reply
 
 
+# Bytes asked of the socket per read (a frame longer than this takes several).
+READ_AHEAD = 65536
+
+
 class FramedStream:
-    """Envelopes over one TCP stream, sealed with the cluster key."""
+    """Envelopes over one TCP stream, sealed with the cluster key.
+
+    Reads ahead: the frames that arrived together come out of one receive (one system
+    call and one wake-up), where reading each frame's header and then its body cost
+    two or more per frame (a forwarding link's batches and acknowledgements come in
+    runs).  So nothing else may read the stream once it is framed here."""
 
     def __init__(self, stream: trio.abc.Stream, gossip: LinkGossip, node_id: str) -> None:
         self.stream = stream
         self.gossip = gossip
         self.node_id = node_id
         self._send_lock = trio.Lock()
+        self._data = b""  # read, not yet taken: the frames from `_at` on
+        self._at = 0
 
     async def send(self, msg_type: str, **fields: object) -> None:
         await self.send_body(wire.encode_frame_body(msg_type, self.node_id, fields))
@@ -102,17 +112,43 @@ class FramedStream:
 
     async def receive_body(self) -> bytes:
         """One envelope, opened, not decoded yet."""
-        opened = self.gossip.open_frame(await read_frame(self.stream))
+        opened = self.gossip.open_frame(await self._read_frame())
         if opened is None:
             raise wire.WireError("frame failed authentication")
         return opened
+
+    async def _read_frame(self) -> bytes:
+        """One length-prefixed frame body (still sealed), as `gossip.service.read_frame`
+        reads it, from what was read ahead when it is all there."""
+        data, at = self._data, self._at
+        while len(data) - at < 4:
+            data, at = data[at:] + await self._receive(bool(len(data) - at)), 0
+        end = at + 4 + wire.frame_length(data[at:at + 4])
+        if len(data) < end:
+            # The rest of a longer frame: its pieces joined once.
+            parts = [data[at:]]
+            have = len(data) - at
+            end -= at
+            while have < end:
+                chunk = await self._receive(True)
+                parts.append(chunk)
+                have += len(chunk)
+            data, at = b"".join(parts), 0
+        self._data, self._at = data, end
+        return data[at + 4:end]
+
+    async def _receive(self, mid_frame: bool) -> bytes:
+        chunk = await self.stream.receive_some(READ_AHEAD)
+        if not chunk:
+            raise EOFError("stream closed mid-frame" if mid_frame else "stream closed")
+        return chunk if isinstance(chunk, bytes) else bytes(chunk)
 
 
 class OutboundLink:
     """This node's link to one peer: a queue, a connection task, resends."""
 
     def __init__(self, peer: str, gossip: LinkGossip, node_id: str, epoch: str, cluster_name: str,
-                 on_acked: Callable[[list[LinkItem]], None]) -> None:
+                 on_acked: Callable[[list[Queued]], None]) -> None:
         self.peer = peer
         self.gossip = gossip
         self.node_id = node_id
@@ -122,11 +158,11 @@ class OutboundLink:
         # What waits to be sent, in order; a handoff fence's marker goes out once the
         # items queued before it have (`_markers`: (items queued before it, marker)).
         # A list, not a deque: a batch of the whole queue is taken in one swap.
-        self.queue: list[LinkItem] = []
+        self.queue: list[Queued] = []
         self._markers: deque[tuple[int, _Marker]] = deque()
         self._queued_total = 0  # items ever queued (the markers' positions count these)
         self._taken_total = 0  # items ever taken off the queue into a batch (or failed)
-        self.unacked: dict[int, list[LinkItem]] = {}
+        self.unacked: dict[int, list[Queued]] = {}
         self.sent_queued = 0  # queued items that were sent before (`LinkItem.sent`)
         self._seq = itertools.count(1)
         self._wake = trio.Event()
@@ -139,7 +175,7 @@ class OutboundLink:
         self.requests: deque[tuple[str, Fields, Callable[[Frame], None]]] = deque()
         self._pending_replies: deque[Callable[[Frame], None]] = deque()
 
-    def enqueue(self, item: LinkItem) -> bool:
+    def enqueue(self, item: Queued) -> bool:
         if len(self.queue) >= MAX_QUEUED:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
@@ -148,7 +184,7 @@ class OutboundLink:
         queue = self.queue
         queue.append(item)
         self._queued_total += 1
-        if item.sent:
+        if type(item) is LinkItem and item.sent:
             self.sent_queued += 1
         if len(queue) == 1:
             # The sender waits only on an empty queue: an item behind others needs no
@@ -182,16 +218,17 @@ class OutboundLink:
             await self._retry.wait()
         self._retry = trio.Event()
 
-    def pending(self) -> list[LinkItem]:
+    def pending(self) -> list[Queued]:
         """Everything not acknowledged yet, in the order it was queued."""
         return [i for seq in sorted(self.unacked) for i in self.unacked[seq]] + self.queue
 
-    def fail_all(self) -> list[LinkItem]:
+    def fail_all(self) -> list[Queued]:
         """The peer is down: hand back everything not acknowledged (what went in a
         batch marked `sent`)."""
         for batch in self.unacked.values():
             for item in batch:
-                item.sent = True
+                if type(item) is LinkItem:
+                    item.sent = True
         self.sent_queued = 0
         items = self.pending()
         self.unacked.clear()
@@ -253,7 +290,7 @@ class OutboundLink:
                         self.unacked[seq] = batch
                         resent = False
                         if self.sent_queued:
-                            again = sum(1 for i in batch if i.sent)
+                            again = sent_before(batch)
                             self.sent_queued -= again
                             resent = again > 0
                         await self._send_batch(link, seq, batch, resent)
@@ -265,7 +302,7 @@ class OutboundLink:
                 if not self.queue and not self._markers and not self.requests:
                     await self._wake.wait()
 
-    def _take_batch(self) -> list[LinkItem]:
+    def _take_batch(self) -> list[Queued]:
         """The next batch off the queue: at most MAX_BATCH items, none queued after the
         first waiting marker; the whole queue in one swap when that is all of it."""
         queue = self.queue
@@ -281,13 +318,13 @@ class OutboundLink:
         self._taken_total += len(batch)
         return batch
 
-    async def _send_batch(self, link: FramedStream, seq: int, batch: list[LinkItem], resent: bool = False) -> None:
+    async def _send_batch(self, link: FramedStream, seq: int, batch: list[Queued], resent: bool = False) -> None:
         if self.batched:
             await link.send_body(fwdb_body(self.node_id, self.epoch, seq, batch, resent))
         elif resent:
-            await link.send("fwd", e=self.epoch, s=seq, m=[i.fwd_item() for i in batch], **{RESENT: True})
+            await link.send("fwd", e=self.epoch, s=seq, m=[link_item(i).fwd_item() for i in batch], **{RESENT: True})
         else:
-            await link.send("fwd", e=self.epoch, s=seq, m=[i.fwd_item() for i in batch])
+            await link.send("fwd", e=self.epoch, s=seq, m=[link_item(i).fwd_item() for i in batch])
 
     async def _read_acks(self, link: FramedStream, scope: trio.CancelScope) -> None:
         unacked = self.unacked

@@ -113,6 +113,10 @@ class MeshPort:
         table = self.table
         return table.match_shared(topic) if len(table.shared_trie) else {}
 
+    def has_shared_routes(self) -> bool:
+        """Whether any node has a shared subscription (else a publish weighs no groups)."""
+        return len(self.table.shared_trie) > 0
+
     def pick_shared_node(self, key: tuple[str, str], candidates: list[str]) -> str:
         """Round-robin over the nodes with members of a shared group (this node too)."""
         i = self._shared_next.get(key, 0)
