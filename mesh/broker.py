@@ -600,7 +600,10 @@ class Broker:
             for node in mesh.retained_targets():
                 target = remote.get(node)
                 remote[node] = RETAINED_ONLY if target is None else target.keeping_retained()
-        matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
+        if self._match(msg.topic) or len(self.shared) or mesh.has_shared_routes():
+            matched = self._route(msg, now, plain=True, only_groups=None, remote=remote)
+        else:
+            matched = 0  # no subscriber here, no shared group anywhere: a forward's common case
         if replay:
             for node, target in remote.items():
                 remote[node] = target.replayed()

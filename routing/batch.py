@@ -191,7 +191,11 @@ def _put_item(parts: list[bytes], item: Queued) -> None:
     publisher = msg.publisher
     parts.append(_NULL if publisher is None else _text(publisher))
     msg_id = msg.msg_id
-    if 0x10000 <= msg_id < 0x100000000:
+    if 0x100000000 <= msg_id < 0x10000000000000000:
+        # A node numbers its messages from its start time in microseconds (8 bytes).
+        parts.append(_UINT64)
+        parts.append(msg_id.to_bytes(8, "big"))
+    elif 0x10000 <= msg_id < 0x100000000:
         parts.append(_UINT32)
         parts.append(msg_id.to_bytes(4, "big"))
     elif 0x100 <= msg_id < 0x10000:
@@ -281,6 +285,7 @@ _SMALL_UINTS = [bytes((i,)) for i in range(24)]
 _BYTES_HEADS = [bytes((0x40 | n,)) if n < 24 else bytes((0x58, n)) for n in range(0x100)]  # byte strings < 256
 _UINT32 = b"\x1a"  # the head of an unsigned int in the next 4 bytes
 _UINT16 = b"\x19"  # ... in the next 2
+_UINT64 = b"\x1b"  # ... in the next 8
 _NULL = b"\xf6"
 _FALSE = b"\xf4"
 _TRUE = b"\xf5"

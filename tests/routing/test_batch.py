@@ -8,7 +8,8 @@ import pytest
 
 from gossip import wire
 from mqtt import EMPTY_PROPERTIES, Properties
-from routing.batch import FWDB, RESENT, LinkItem, fwdb_body, unpack, unpack_fwd
+from routing.batch import (FWDB, RESENT, LinkItem, Queued, fwdb_body, held_seqs, link_item, open_gates, sent_before,
+                           unpack, unpack_fwd)
 from routing.forward import ForwardTarget
 from routing.wire import ForwardedItem
 from session_store import records
@@ -75,7 +76,7 @@ def test_malformed_items_raise_value_errors(bad: object) -> None:
 
 
 def test_an_acknowledged_batch_opens_each_gate_once_and_names_its_held_messages() -> None:
-    from routing.batch import AckGate, held_seqs, open_gates
+    from routing.batch import AckGate
     from routing.forward import PLAIN_REPLAY
 
     gate = AckGate()
@@ -107,6 +108,7 @@ def test_the_hand_written_frame_is_byte_for_byte_what_cbor2_writes(resent: bool)
         Message("a/b", b"x" * 256, 1, False, EMPTY_PROPERTIES, None, "pub", 65536, "A"),
         Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**32 - 1, "A"),
         Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**32, "A"),
+        Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 1_790_000_000_000_000, "A"),  # a node's ids
         Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**64 - 1, "A"),
         Message("a/b", b"x", 1, False, EMPTY_PROPERTIES, None, "pub", 2**64, "A"),
     ]
@@ -117,3 +119,20 @@ def test_the_hand_written_frame_is_byte_for_byte_what_cbor2_writes(resent: bool)
         assert fwdb_body("A", "3.1", 300, items[:n], resent) == _cbor2_frame(items[:n], resent)
     many = [LinkItem(Message("t", str(i).encode(), 0, False, EMPTY_PROPERTIES, msg_id=i)) for i in range(300)]
     assert fwdb_body("A", "3.1", 300, many, resent) == _cbor2_frame(many, resent)
+
+
+def test_a_message_queued_as_itself_is_written_as_its_plain_item() -> None:
+    # A QoS 0 forward to plain subscribers only is queued without a LinkItem
+    # (`routing.batch.Queued`): the same bytes as `LinkItem(msg)` with the plain share.
+    plain = [Message("s/1", b"hi", 0, False, EMPTY_PROPERTIES, None, "pub", 1_790_000_000_000_000 + i, "A")
+             for i in range(3)]
+    mixed: list[Queued] = [plain[0], LinkItem(MSG), plain[1], LinkItem(RICH, ForwardTarget(False, (("g", "s/#"),), True)),
+                           plain[2]]
+    as_items = [link_item(i) for i in mixed]
+    assert [type(i) for i in as_items] == [LinkItem] * 5 and as_items[1] is mixed[1]
+    for resent in (False, True):
+        assert fwdb_body("A", "3.1", 7, mixed, resent) == fwdb_body("A", "3.1", 7, as_items, resent)
+    assert [records.message_map(unpack(i)[0]) for i in wire.decode_frame_body(fwdb_body("A", "3.1", 7, mixed))["m"]] \
+        == [records.message_map(i.message) for i in as_items]
+    # Never gated, held or sent before.
+    assert not open_gates(plain) and held_seqs(plain) == [] and sent_before(mixed) == 0

@@ -29,6 +29,8 @@ MESSAGES = [
     Message("t" * 300, b"x" * 70_000, 2, False, EMPTY_PROPERTIES, None, "q" * 256, 2**32, "B"),
     Message("a/b", b"x" * 256, 1, False, EMPTY_PROPERTIES, None, "pub", 2**64 - 1, "A"),
     Message("s/2", b"\x00" * 300, 2, True, PROPS, 1_700_000_000.5, None, 7, None),  # properties, expiry: cbor2's
+    Message("a/b", b"x", 0, False, EMPTY_PROPERTIES, None, "pub", 1_790_000_000_000_000, "A"),  # a node's ids
+    Message("a/b", b"x", 0, False, EMPTY_PROPERTIES, None, "pub", 300, "A"),
 ]
 SHARES = [PLAIN, ForwardTarget(False, (("g", "s/#"), ("h", "+/2")), True, True), ForwardTarget(True, (), True, True)]
 

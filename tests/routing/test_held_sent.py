@@ -10,6 +10,7 @@ from mesh.broker import Broker
 from mqtt import EMPTY_PROPERTIES
 from routing.batch import LinkItem
 from routing.cluster import Cluster
+from routing.links import OutboundLink
 from routing.port import MeshPort
 from routing.table import RouteTable
 from session_store.model import Message
@@ -59,3 +60,27 @@ def test_the_sent_before_mark_of_held_messages_survives_a_restart() -> None:
     assert restarted.held.counts() == {"B": 2}
     seqs = {msg.msg_id: seq for seq, msg, _ in restarted.held.take_with_also("B")}
     assert ("B", seqs[1]) in restarted._held_sent and ("B", seqs[2]) not in restarted._held_sent
+
+
+def test_a_qos0_message_queued_as_itself_is_never_held_nor_owed() -> None:
+    # QoS 0 forwards to plain subscribers are queued as the message itself
+    # (`routing.batch.Queued`): a dead member's link hands them back with the rest, and
+    # only the QoS >= 1 items among them are held for it or owed to a takeover.
+    cluster, gossip, _ = node_a(MemoryDisk())
+    b = RouteTable("B", 7)
+    delta = b.local_changes([("split/#", True)])
+    assert delta is not None
+    gossip.set("B", "alive")
+    gossip.broadcasts["route"]("B", [delta.to_wire(), 1])
+    link = OutboundLink("B", gossip, "A", "1.1", "t", lambda items: None)
+    qos0 = Message("split/x", b"m", 0, False, EMPTY_PROPERTIES, None, "p", 1, "A")
+    qos1 = held_item(2, sent=False)
+    assert link.enqueue(qos0) and link.enqueue(qos1) and link.sent_queued == 0
+    cluster.links["B"] = link
+    assert cluster.held_messages("B") == [qos1.message]
+    link.unacked[1] = link._take_batch()  # sent, not acknowledged
+    link.enqueue(Message("split/y", b"n", 0, False, EMPTY_PROPERTIES, None, "p", 3, "A"))
+    gossip.set("B", "dead")  # its link fails everything it had (`OutboundLink.fail_all`)
+    assert "B" not in cluster.links and not link.queue and not link.unacked and qos1.sent
+    assert cluster.held.counts() == {"B": 1}
+    assert [msg.msg_id for _, msg, _ in cluster.held.take_with_also("B")] == [2]
