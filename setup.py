@@ -38,6 +38,7 @@ COMPILED = [
     "mqtt/server.py",
     "mqtt/topics.py",
     "routing/trie.py",
+    "routing/topic_index.py",
     "routing/table.py",
     "routing/forward.py",
     "routing/batch.py",

@@ -59,6 +59,7 @@ from itertools import islice
 from typing import Collection, Iterable, Iterator, Mapping, NamedTuple
 
 import faults
+from routing.topic_index import TopicIndex
 from routing.trie import TopicTrie
 
 MAX_PARKED = 10_000
@@ -247,7 +248,7 @@ class RouteTable:
         self.node_id = node_id
         self.local = _OriginState(epoch)
         self.remote: dict[str, _OriginState] = {}
-        self.trie: TopicTrie[str] = TopicTrie()  # remote plain routes: filter -> nodes
+        self.trie: TopicIndex[str] = TopicIndex()  # remote plain routes: filter -> nodes
         # remote shared routes ($share/group/filter): real filter -> (group, node)
         self.shared_trie: TopicTrie[tuple[str, str]] = TopicTrie()
         self.wanted: set[str] = set()  # origins with a gap: need a snapshot
