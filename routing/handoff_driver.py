@@ -680,6 +680,13 @@ class Handoffs:
                 return "ok"
             elif isinstance(step, Redirect):
                 redirects += 1
+                if step.node != self.node_id and step.node not in self.gossip.alive_members():
+                    # The session moved on to a node that is gone since (its claim had not
+                    # reached this one): the fallback takes that node's replica copy and
+                    # what members hold for it, not the old owner's (simulator seed 273 of
+                    # 5 nodes, 20 clients, 60 s, 2 replicas, a crash: n0 took s1 from n2
+                    # and crashed; a message n1 held for n0 never reached s1 on n4).
+                    taking.claimer = step.node
                 if redirects > MAX_REDIRECTS or step.node == self.node_id or step.node not in self.gossip.alive_members():
                     raise HandoffError(f"redirected to {step.node}")
                 machine = Takeover(client_id, step.node, machine.claim_wire)

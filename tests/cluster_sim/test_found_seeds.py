@@ -387,3 +387,13 @@ def test_a_replica_that_missed_the_new_owners_claim_hands_the_session_over_from_
     # takes the claim that the copy held there names (`Replication.claim_of_copy`):
     # n0, alive, hands the session over.
     assert simulate_seed(5, 20, 60, 413, "--replicas", "2", "--crash") == "seed=413 ok"
+
+
+def test_a_takeover_redirected_to_a_dead_node_takes_that_nodes_replica_and_held_messages() -> None:
+    # Seed 273 (5/20/60, 2 replicas, one node crashes for good): n0 took s1 over from
+    # n2 and crashed 3 ms later, before its claim reached n4.  n1 held p4/2/10 (QoS 1,
+    # acknowledged) for n0.  s1 came back on n4, which asked n2; n2 answered that s1
+    # had moved to n0, dead, and n4 fell back against n2 -- fetching what members held
+    # for n2, not for n0: p4/2/10 never reached s1.  A takeover redirected to a node that
+    # is gone now falls back against that node (routing/handoff_driver.py, `Redirect`).
+    assert simulate_seed(5, 20, 60, 273, "--replicas", "2", "--crash") == "seed=273 ok"
