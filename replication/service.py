@@ -50,7 +50,7 @@ from clock import Clock
 from clock.hlc import HlcTimestamp
 from replication import changes, orphan_wills
 from replication.changes import ChangeError, ReplicaCopy
-from replication.outbox import Outbox, Taken
+from replication.outbox import Outbox, Sinks, Taken
 from replication.placement import ranked, replicas_for
 from routing.queries import QueryChannel, QueryFailed, QueryRefused, QueryUnanswered
 from mqtt.topics import topic_matches
@@ -218,6 +218,7 @@ class ReplicationStats:
 class _Tracked:
     seq: int
     replicas: list[str] = field(default_factory=list)
+    sinks: Sinks = field(default_factory=Sinks)  # the replicas' logs its delivery changes go to
 
 
 class _Peer:
@@ -434,8 +435,10 @@ class Replication:
         self._change(client_id, "s", topic_filter, options)
 
     def delivery_changed(self, client_id: str, delivery: Delivery, state: int) -> None:
-        # `_change` written out: this runs for every change of every delivery (two or
-        # three per message), and a replica's outbox keeps only its last state.
+        # This runs for every change of every delivery (two or three per message): the
+        # change is appended to the session's log in each replica's outbox, found
+        # through its `Sinks` (asked for again only when the replicas changed or an
+        # outbox took the log); a batch reads each delivery's last state off the log.
         tracked = self._tracked.get(client_id)
         if tracked is None:
             tracked = self._track(client_id)
@@ -445,12 +448,26 @@ class Replication:
         if not replicas:
             return
         tracked.seq = seq = tracked.seq + 1
-        epoch = self.store.write_epoch
         self.stats.changes += 1
-        for name in replicas:
+        sinks = tracked.sinks
+        if sinks.replicas != replicas:
+            self._sink(client_id, tracked, seq)
+        change = (seq, "d", delivery, state)
+        for log in sinks.logs:
+            log.append(change)
+
+    def _sink(self, client_id: str, tracked: _Tracked, seq: int) -> None:
+        """Point the session's sinks at the log of each replica's outbox (started at
+        `seq` where it has none), and wake the senders that have something new."""
+        sinks = tracked.sinks
+        epoch = self.store.write_epoch
+        logs = []
+        for name in tracked.replicas:
             peer = self._peer(name)
-            peer.outbox.add_delivery(epoch, client_id, seq, delivery, state)
+            logs.append(peer.outbox.log_of(client_id, seq, epoch, sinks))
             peer.wake.set()
+        sinks.logs = logs
+        sinks.replicas = list(tracked.replicas)
         if (self._exchange_floor if self.mode == "async" else self._floor) is None:
             self._update_floor()
 
@@ -677,19 +694,23 @@ class Replication:
                     run_first, run = first, last - first + 1
                     out.append(changes.noop_change(first) if run == 1 else changes.skip_change(first, run))
 
+            # The highest delivery seq the replica may hold, kept here while the part
+            # is read: every delivery the batch takes is one item of it.
+            sent = sent_before = sent_delivery.get(cid, 0)
+            skipped = 0  # the number of the last change skipped since `previous`: its no-ops are due
             for seq, kind, a, b in part.items:
                 if snapped is not None and seq <= snapped:
                     continue  # the snapshot sent in this batch has it
                 if kind == "d":
-                    dseq = a.seq
-                    if b == NO_RECORD and dseq > sent_delivery.get(cid, 0) and a.qos != 2:
-                        # Gone before the replica ever had it: nothing to delete there
-                        # (a QoS 2 one goes: the replica keeps its key, `ReplicaCopy.given`).
-                        noops(previous + 1, seq)
-                        previous = max(previous, seq)
-                        continue
-                    if b != NO_RECORD and dseq > sent_delivery.get(cid, 0):
-                        sent_delivery[cid] = dseq
+                    if b == NO_RECORD:
+                        if a.seq > sent and a.qos != 2:
+                            # Gone before the replica ever had it: nothing to delete there
+                            # (a QoS 2 one goes: the replica keeps its key,
+                            # `ReplicaCopy.given`).  A no-op, sent with the next gap.
+                            skipped = seq
+                            continue
+                    elif a.seq > sent:
+                        sent = a.seq
                 change = self._encode(cid, seq, kind, a, b)
                 if change is None:
                     continue
@@ -698,15 +719,18 @@ class Replication:
                     peer.snapshot_in[cid] = number
                     peer.resync_queued.discard(cid)
                     session = self.broker.sessions.get(cid)
-                    sent_delivery[cid] = session.next_seq - 1 if session is not None else 0
+                    sent = session.next_seq - 1 if session is not None else 0
                     out.append(change)
                     run = 0
                     previous = max(previous, snapped)
                     continue
-                noops(previous + 1, seq - 1)
+                noops(previous + 1, seq - 1 if skipped < seq else skipped)
                 out.append(change)
                 run = 0
-                previous = max(previous, seq)
+                previous = max(previous, seq, skipped)
+            noops(previous + 1, skipped)
+            if sent != sent_before or snapped is not None:
+                sent_delivery[cid] = sent
             if out:
                 request.append([cid, self._stamp(cid), out])
         return number, taken, request
