@@ -694,16 +694,19 @@ class Replication:
                     run_first, run = first, last - first + 1
                     out.append(changes.noop_change(first) if run == 1 else changes.skip_change(first, run))
 
-            # The highest delivery seq the replica may hold, kept here while the part
-            # is read: every delivery the batch takes is one item of it.
-            sent = sent_before = sent_delivery.get(cid, 0)
+            # The highest delivery seq the replica may hold once it has this batch
+            # (`sent`), and before it (`had`: what earlier batches and a snapshot in
+            # this one gave it).  A batch takes each delivery once, in its last state:
+            # one gone whose seq is above `had` never was on the replica, even if a
+            # later delivery went in this batch.
+            sent = had = sent_before = sent_delivery.get(cid, 0)
             skipped = 0  # the number of the last change skipped since `previous`: its no-ops are due
             for seq, kind, a, b in part.items:
                 if snapped is not None and seq <= snapped:
                     continue  # the snapshot sent in this batch has it
                 if kind == "d":
                     if b == NO_RECORD:
-                        if a.seq > sent and a.qos != 2:
+                        if a.seq > had and a.qos != 2:
                             # Gone before the replica ever had it: nothing to delete there
                             # (a QoS 2 one goes: the replica keeps its key,
                             # `ReplicaCopy.given`).  A no-op, sent with the next gap.
@@ -719,7 +722,7 @@ class Replication:
                     peer.snapshot_in[cid] = number
                     peer.resync_queued.discard(cid)
                     session = self.broker.sessions.get(cid)
-                    sent = session.next_seq - 1 if session is not None else 0
+                    sent = had = session.next_seq - 1 if session is not None else 0
                     out.append(change)
                     run = 0
                     previous = max(previous, snapped)

@@ -206,6 +206,52 @@ def test_a_delivery_queued_sent_and_acknowledged_between_batches_costs_the_repli
     assert [ch[1:] for ch in request[0][2]] == [["N", 300]]
 
 
+def test_a_delivery_gone_before_the_replica_had_it_goes_as_a_no_op_even_behind_a_later_one_sent() -> None:
+    """A subscriber with messages in flight acknowledges the oldest after newer ones
+    were sent: in a batch, a delivery's last change (gone) comes after a later
+    delivery's (sent).  The replica had it only if an earlier batch gave it; one first
+    seen in this batch as gone is a no-op, however high the deliveries sent before it
+    in the batch go.  Those the replica had go as removals."""
+    run = Run(random.Random(1), compact=True)
+    run.batch()
+
+    def new() -> Delivery:
+        run.n += 1
+        d = Delivery(message(run.n), 1, False, ())
+        d.seq = run.session.next_seq
+        run.session.next_seq += 1
+        return d
+
+    had = [new() for _ in range(5)]
+    for i, d in enumerate(had):
+        run.delivery(d, 1 | (i + 1) << 2)
+    run.batch()  # the replica has the first five, in flight
+    fresh = [new() for _ in range(10)]
+    for i, d in enumerate(fresh):
+        run.delivery(d, 1 | (i + 6) << 2)  # sent ...
+        if i < 5:
+            run.delivery(had[i], NO_RECORD)  # ... while the oldest in flight is acknowledged
+        else:
+            run.delivery(fresh[i - 5], NO_RECORD)  # never on the replica
+    requests: list[Any] = []
+    take = run.r._next_batch
+
+    def recorded(peer: Any, compact: bool = False) -> Any:
+        batch = take(peer, compact=compact)
+        requests.append(batch[2])
+        return batch
+
+    setattr(run.r, "_next_batch", recorded)
+    run.batch()
+    changes = requests[0][0][2]
+    removed = [ch[2] for ch in changes if ch[1] == "d" and ch[3] == NO_RECORD]
+    assert removed == [d.seq for d in had]
+    assert [ch[2] for ch in changes if ch[1] == "d" and ch[3] != NO_RECORD] == [d.seq for d in fresh[5:]]
+    while run.peer.outbox:
+        run.batch()
+    run.check_whole()
+
+
 def test_a_resync_snapshot_stands_for_everything_pending_of_its_session() -> None:
     box = Outbox()
     d = Delivery(message(1), 1, False, ())
