@@ -228,6 +228,12 @@ def one_run(config: str, seconds: float, publishers: int, window: int,
             "loadavg": os.getloadavg()[0]}
 
 
+def _owner_cpu(row: dict[str, object]) -> float:
+    """The session owner's (n0's) CPU ms per 1,000 messages in one run."""
+    per_node = row["node_cpu_ms_per_1000"]
+    return float(per_node["n0"]) if isinstance(per_node, dict) else 0.0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3)
@@ -252,7 +258,10 @@ def main() -> int:
                 f.write(json.dumps(row) + "\n")
                 rows[config].append(row)
     base = statistics.median(float(str(r["msg_per_s"])) for r in rows.get("1", [])) if rows.get("1") else None
-    print("\nconfig     msg/s (median)  x of 1   p50 ms  p90 ms  p99 ms  CPU ms/1000 msg")
+    # The owner's (n0's) CPU per message beside 1 copy's, run by run: on a shared
+    # machine the throughput moves with everyone else's load, the CPU per message less.
+    owner_base = [_owner_cpu(r) for r in rows.get("1", [])]
+    print("\nconfig     msg/s (median)  x of 1   p50 ms  p90 ms  p99 ms  CPU ms/1000 msg  owner ms/1000  owner x of 1  load")
     for config, runs in rows.items():
         rate = statistics.median(float(str(r["msg_per_s"])) for r in runs)
         ratio = f"{rate / base:.2f}" if base else "-"
@@ -260,7 +269,12 @@ def main() -> int:
         p90 = statistics.median(float(str(r["p90_ms"])) for r in runs)
         p99 = statistics.median(float(str(r["p99_ms"])) for r in runs)
         cpu = statistics.median(float(str(r["cpu_ms_per_1000"])) for r in runs)
-        print(f"{config:<10} {rate:>14.0f}  {ratio:>6}  {p50:>7.2f} {p90:>7.2f} {p99:>7.2f}  {cpu:>8.1f}")
+        owner = statistics.median(_owner_cpu(r) for r in runs)
+        owner_ratio = (f"{statistics.median(_owner_cpu(r) / b for r, b in zip(runs, owner_base)):.2f}"
+                       if len(owner_base) == len(runs) and all(owner_base) else "-")
+        load = statistics.median(float(str(r["loadavg"])) for r in runs)
+        print(f"{config:<10} {rate:>14.0f}  {ratio:>6}  {p50:>7.2f} {p90:>7.2f} {p99:>7.2f}  {cpu:>8.1f}"
+              f"         {owner:>7.1f}        {owner_ratio:>6}  {load:>4.1f}")
     return 0
 
 
