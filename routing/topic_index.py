@@ -15,8 +15,9 @@ native memory under mypyc):
   holds values, has children, a `+` child, a `#` child. Following a level is one
   probe, usually one cache line, and the flags say which wildcard probes are
   worth making without reading anything else;
-- a node's values, filter and child count are in lists indexed by its id, read only
-  for the nodes a topic matches.
+- a node's filter and child count are in lists indexed by its id, read only when
+  filters change; its values are an interned set named in its edge's slot;
+- a table of 4 MB or more is advised onto 2 MB pages (`routing.huge_pages`).
 
 Exact, not probabilistic: keys are whole (parent, level) pairs, compared whole. A topic
 level no filter has is not in `_level_ids`: its literal branch ends without a probe.
@@ -28,6 +29,8 @@ from typing import Final, Generic, Iterator, TypeVar
 
 from librt.vecs import append, vec
 from mypy_extensions import i64
+
+from routing.huge_pages import HUGE_PAGE, advise_huge_pages
 
 __all__ = ["TopicIndex"]
 
@@ -65,6 +68,10 @@ def _home(key: i64, mask: i64) -> i64:
 
 def _zeros(n: i64) -> vec[i64]:
     out = vec[i64](capacity=n)
+    if 8 * n >= 2 * HUGE_PAGE:
+        # A big table on 2 MB pages (routing.huge_pages: the kernel's khugepaged moves
+        # it there within a minute): its random reads stop missing the TLB.
+        advise_huge_pages(out, 8 * n)
     i: i64 = 0
     while i < n:
         out = append(out, 0)

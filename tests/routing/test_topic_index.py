@@ -160,3 +160,15 @@ def test_same_answers_as_the_trie(filters: list[str], topic_list: list[str]) -> 
         assert Counter(index.match(topic)) == Counter(trie.match(topic))
         assert sorted((f, sorted(v)) for f, v in index.match_filters(topic)) == sorted(
             (f, sorted(v)) for f, v in trie.match_filters(topic))
+
+
+def test_huge_page_advice_is_a_hint() -> None:
+    from librt.vecs import vec
+    from mypy_extensions import i64
+
+    from routing.huge_pages import HUGE_PAGE, advise_huge_pages
+
+    big = vec[i64](capacity=2 * HUGE_PAGE)  # 32 MB: advised (True where the kernel takes it)
+    assert isinstance(advise_huge_pages(big, 16 * HUGE_PAGE), bool)
+    assert advise_huge_pages(vec[i64](capacity=8), 64) is False  # too small to bother
+    assert advise_huge_pages(object(), 16 * HUGE_PAGE) is False  # no buffer: nothing, no error
