@@ -223,6 +223,7 @@ class Broker:
         # has a will of its own pending).
         self._restored_wills: dict[str, int] = {}
         self._recovering = False  # within `publish_remote` of a replayed held message
+        self._forwarded_to: tuple[str, ...] = ()  # within `publish_remote`: its `also`, when read
         # Seeded from the clock so ids from before a restart (still queued somewhere)
         # never equal new ones: (origin, msg_id) must name one message cluster-wide.
         self._msg_ids = itertools.count(int((clock or SystemClock()).wall() * 1000) * 1000)
@@ -612,7 +613,7 @@ class Broker:
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]], keep_retained: bool,
                        skip: Callable[[str], bool] | None = None, maybe_sent: bool = False,
-                       recovery: bool = False) -> int:
+                       recovery: bool = False, also: tuple[str, ...] = ()) -> int:
         """A message another node forwarded here: deliver to local sessions only
         (plain subscribers if `plain`, one member of each listed shared group), except
         the plain subscribers `skip` names (sessions taken over here whose previous
@@ -621,19 +622,24 @@ class Broker:
         restarted): a session that still holds it does not take it again, and the others
         get it with DUP=1.  `recovery`: held for this node while it was unreachable and
         replayed now it is back, accepted for its sessions already: the queue limit
-        does not drop it (`Session.recovered` room, as at a takeover)."""
+        does not drop it (`Session.recovered` room, as at a takeover).  `also`: the
+        other nodes its sender forwarded it to (`deliver`: a session taken from one of
+        them gets it with DUP=1)."""
         if keep_retained:
             self._set_retained(msg, persist=True)
         if not plain and not groups:
             return 0
         if maybe_sent:
             skip = _skip_holders(self.sessions, message_key(msg), skip)
-        if recovery:
-            self._recovering = True
+        forwarded_to = also if self._taken_from else ()
+        if recovery or forwarded_to:
+            self._recovering = recovery
+            self._forwarded_to = forwarded_to
             try:
                 return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip, dup=maybe_sent)
             finally:
                 self._recovering = False
+                self._forwarded_to = ()
         return self._route(msg, now, plain=plain, only_groups=groups, remote=None, skip=skip, dup=maybe_sent)
 
     def deliver_remote(self, msg: Message, now: float) -> int:
@@ -780,13 +786,16 @@ class Broker:
             if (msg.origin, msg.msg_id) in self.remembered[session.client_id]:
                 return
             self._remember(session.client_id, msg)
-            if delivery.qos and msg.origin is not None and self._taken_from.get(session.client_id) == msg.origin:
+            taken_from = self._taken_from.get(session.client_id) if delivery.qos else None
+            if taken_from is not None and (msg.origin == taken_from or taken_from in self._forwarded_to):
                 # Taken from a replica: the copy does not know what its owner delivered
-                # last, and a message published there may have reached the client there
-                # before (simulator seed 183 of 5 nodes, 20 clients, 60 s, 2 replicas, a
-                # crash: p2/1/5, published and delivered on n1 during a cut n1 -> n2,
-                # came to s1 again on n2, which had taken s1 from its replica, in the
-                # forward n1 had held for n2 and replayed at the heal, without DUP).
+                # last, and a message published there, or forwarded there too, may have
+                # reached the client there before (simulator seed 183 of 5 nodes, 20
+                # clients, 60 s, 2 replicas, a crash: p2/1/5, published and delivered on
+                # n1 during a cut n1 -> n2, came to s1 again on n2, which had taken s1
+                # from its replica, in the forward n1 had held for n2 and replayed at the
+                # heal, without DUP; seed 338: the same, published on n4 beside n1 and
+                # forwarded to both).
                 delivery.dup = True
         conn = self.connections.get(session.client_id)
         if conn is not None:

@@ -98,7 +98,7 @@ class LocalBroker(SessionHost, Protocol):
 
     def publish_remote(self, msg: Message, now: float, *, plain: bool, groups: list[tuple[str, str]],
                        keep_retained: bool, skip: Callable[[str], bool] | None = None,
-                       maybe_sent: bool = False, recovery: bool = False) -> int: ...
+                       maybe_sent: bool = False, recovery: bool = False, also: tuple[str, ...] = ()) -> int: ...
 
     def deliver_remote(self, msg: Message, now: float) -> int: ...
 
@@ -829,7 +829,7 @@ class Cluster:
             # its messages may have reached their subscribers already (simulator seeds
             # 2523 and 7863 of 3 nodes, 6 clients, 15 s).
             publish_remote(msg, now, plain=plain, groups=groups, keep_retained=keep_retained, skip=skip,
-                           maybe_sent=resent and msg.qos > 0, recovery=replay)
+                           maybe_sent=resent and msg.qos > 0, recovery=replay, also=also)
             if msg.qos and plain and handoffs.moved:
                 # Its sender routed it here for sessions that have moved on since: they
                 # get it through a copy this batch's acknowledgement waits for.

@@ -364,6 +364,13 @@ def test_a_message_the_dead_owner_may_have_delivered_comes_with_dup_after_a_take
     # to s1 again with DUP=0.  What the owner a session was taken from published comes
     # with DUP=1 while the session remembers what it is given (mesh/broker.py `deliver`).
     assert simulate_seed(5, 20, 60, 183, "--replicas", "2", "--crash") == "seed=183 ok"
+    # Seeds 338 and 290 (same mode): the same, by a forward its publisher's node sent to
+    # the old owner too.  In a netsplit {n1, n4} | {n0, n2, n3}, p6/1/6 was published on
+    # n4, forwarded to n1 and delivered there to s5, and held for n2; s5 moved to n2,
+    # which took it from its own replica, and got p6/1/6 again without DUP from the
+    # forward n4 replayed at the heal (the forward names the nodes it went to).
+    assert simulate_seed(5, 20, 60, 338, "--replicas", "2", "--crash") == "seed=338 ok"
+    assert simulate_seed(5, 20, 60, 290, "--replicas", "2", "--crash") == "seed=290 ok"
 
 
 def test_a_qos2_message_the_owner_completed_is_not_delivered_again_after_a_takeover_from_a_replica() -> None:
