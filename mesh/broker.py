@@ -1148,19 +1148,9 @@ class Broker:
                 self._index_subscription(session.client_id, *parse_shared_subscription(topic_filter))
                 if session.stored:
                     self.store.put_subscription(session.client_id, topic_filter, options)
-        since: list[Delivery] = []
-        if ahead_of is not None and session.queued:
-            queue = session.queue
-            while queue and queue[-1].seq >= ahead_of:
-                since.append(queue.pop())
-            since.reverse()
-            if session.stored:
-                for d in since:
-                    self.store.release_delivery(session.client_id, d)  # queued again below, renumbered
         known = set(self.remembered.get(session.client_id, ()))
         known.update((e.delivery.message.origin, e.delivery.message.msg_id) for e in session.inflight.values())
         known.update((d.message.origin, d.message.msg_id) for d in (session.queue if session.queued else ()))
-        known.update((d.message.origin, d.message.msg_id) for d in since)
         added: list[tuple[Delivery, bool]] = []
         for d in [d for _, d, _ in stored.inflight] + stored.queue:
             key = (d.message.origin, d.message.msg_id)
@@ -1170,6 +1160,17 @@ class Broker:
             copy = Delivery(d.message, d.qos, d.retain, d.subscription_ids)
             copy.dup = d.dup
             added.append((copy, True))
+        since: list[Delivery] = []
+        if added and ahead_of is not None and session.queued:
+            # (Only when something joins: the fetches after a takeover mostly find what
+            # the session has, and the tail is rewritten to the store when re-sorted.)
+            queue = session.queue
+            while queue and queue[-1].seq >= ahead_of:
+                since.append(queue.pop())
+            since.reverse()
+            if session.stored:
+                for d in since:
+                    self.store.release_delivery(session.client_id, d)  # queued again below, renumbered
         merging = list(added)
         if since:
             for d in since:

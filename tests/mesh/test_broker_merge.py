@@ -96,3 +96,16 @@ def test_held_messages_merged_at_a_takeover_go_before_newer_ones_that_came_direc
     assert b.merge_session(held, now=1001.0, ahead_of=since) == 3
     assert [d.message.msg_id for d in session.queue] == [1, 2, 3, 4, 5, 6]
     assert [d.seq for d in session.queue] == sorted(d.seq for d in session.queue)
+
+
+def test_a_fetch_after_a_takeover_that_brings_nothing_new_leaves_the_queue_as_it_is():
+    """`ahead_of` re-sorts (and renumbers) what came since only when a message joins:
+    the fetches for a minute after a takeover mostly find what the session has."""
+    b = Broker(node_id="B")
+    session = b.install_session(stored([delivery(msg("C", 1), 5)]), now=1000.0)
+    since = session.next_seq
+    for i in (2, 3):
+        b.deliver(session, Delivery(msg("C", i), 1, False, ()), now=1000.5)
+    before = [(d.message.msg_id, d.seq) for d in session.queue]
+    assert b.merge_session(stored([delivery(msg("C", 2), 0)]), now=1001.0, ahead_of=since) == 0
+    assert [(d.message.msg_id, d.seq) for d in session.queue] == before
