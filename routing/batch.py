@@ -152,8 +152,8 @@ def fwdb_body(sender: str, epoch: str, seq: int, items: Sequence[Queued], resent
     gives for the same envelope with each item as `LinkItem.fwdb_item` (the test holds
     them equal), at about half its time per item, and with no tuple per item.  Rare
     fields (properties, `also`, groups, an expiry) go through `cbor2.dumps` each."""
-    parts: list[bytes] = [_MAP7 if resent else _MAP6, _ENVELOPE_FWDB, cbor2.dumps(sender), _KEY_E, cbor2.dumps(epoch),
-                          _KEY_S, cbor2.dumps(seq), _KEY_M, _head(0x80, len(items))]
+    parts: list[bytes] = [_MAP7 if resent else _MAP6, _ENVELOPE_FWDB, _text(sender), _KEY_E, _text(epoch),
+                          _KEY_S, _uint(seq), _KEY_M, _head(0x80, len(items))]
     for item in items:
         _put_item(parts, item)
     if resent:
