@@ -404,3 +404,14 @@ def test_a_takeover_redirected_to_a_dead_node_takes_that_nodes_replica_and_held_
     # for n2, not for n0: p4/2/10 never reached s1.  A takeover redirected to a node that
     # is gone now falls back against that node (routing/handoff_driver.py, `Redirect`).
     assert simulate_seed(5, 20, 60, 273, "--replicas", "2", "--crash") == "seed=273 ok"
+
+
+def test_a_handoff_begun_late_at_a_heal_does_not_keep_the_givers_copy_from_its_taker() -> None:
+    # Seed 398 (5/20/60, 2 replicas, one node crashes for good): in a netsplit
+    # {n2, n3} | {n0, n1, n4}, s3's CONNECT on n1 could not take the session from n3
+    # and fell back.  n1's ho_begin reached n3 only at the heal, and n3 began giving s3
+    # to n1, which had given up: the copy stayed detached for that handoff, was never
+    # pushed, and n3 crashed 6 s later with p0/1/18 (acknowledged) in it.  The taker's
+    # question about the giver's copy now carries its claim ("h"); the giver drops a
+    # handoff the asker gave up on and pushes its copy at once.
+    assert simulate_seed(5, 20, 60, 398, "--replicas", "2", "--crash") == "seed=398 ok"
