@@ -246,6 +246,34 @@ def test_order_checker_exempts_a_message_relayed_from_the_old_owner_after_a_move
     assert found is not None and "got p1/1/26 after p1/1/29" in found.detail
 
 
+def test_order_checker_exempts_only_a_dup_repeat_of_what_a_node_that_crashed_for_good_delivered() -> None:
+    # Seeds 172 and 522 of 5 nodes, 20 clients, 60 s, 2 replicas, a crash: p1/2/16 was
+    # delivered to s4 on n3, which then crashed for good; s4 took its session from a
+    # replica on n0, got the newer p1/2/28 from the queue, then p1/2/16 again, late,
+    # with DUP=1 (a copy held elsewhere).  The replica cannot know what the dead owner
+    # delivered last (README): a repeat of it is judged as a duplicate, not for order.
+    def history(fault: str, dup: bool) -> History:
+        h = History()
+        h.add(Connected(0.0, "s4", 3, "n3", False, 3600, 0, True))
+        h.add(Sent(28.9, "p1/2/16", "p1", 2, 16, "n1", "t/0", 1))
+        h.add(Delivered(28.91, "s4", 3, "p1/2/16", "t/0", 1, False, False, 61))
+        h.add(Fault(29.3, fault))
+        h.add(Disconnected(29.3, "s4", 3, "lost"))
+        h.add(Sent(36.9, "p1/2/28", "p1", 2, 28, "n1", "t/0", 1))
+        h.add(Connected(54.3, "s4", 4, "n0", False, 3600, 0, True))
+        h.add(Delivered(54.31, "s4", 4, "p1/2/28", "t/0", 1, True, False, 56))
+        h.add(Delivered(57.6, "s4", 4, "p1/2/16", "t/0", 1, dup, False, 250))
+        h.ended_at = 60.0
+        return h
+
+    assert check_order(history("crash n3", dup=True), FinalState()) is None
+    # Without DUP it is a new delivery out of order; a node that restarts (kill) keeps
+    # its own record of what it delivered: both are violations.
+    for fault, dup in (("crash n3", False), ("kill n3", True)):
+        found = check_order(history(fault, dup), FinalState())
+        assert found is not None and "got p1/2/16 after p1/2/28" in found.detail, (fault, dup)
+
+
 def test_duplicate_checker_allows_only_dup_resends() -> None:
     h = History()
     h.add(Connected(0.0, "s0", 1, "n0", False, 3600, 0, False))
