@@ -54,7 +54,7 @@ class HookPoint(enum.Enum):
     @property
     def attr(self) -> str:
         """The registry's attribute holding this point's chain (`message_publish`)."""
-        return self.value.replace(".", "_")
+        return self._value_.replace(".", "_")  # not `.value`: a descriptor call, asked per hook call
 
 
 class TopicCheck(Protocol):

@@ -134,7 +134,8 @@ class Hooks:
     def fold(self, point: HookPoint, value: Any, *context: Any) -> Any:
         """Run a synchronous chain over `value` and return the value it ends with (a
         callback that answers an awaitable there is a bug of that callback: counted)."""
-        for reg in self.chain(point):
+        chain: tuple[Registration, ...] = getattr(self, point.attr)  # `chain`, inline: per CONNECT
+        for reg in chain:
             try:
                 answer = reg.callback(value, *context)
             except Exception as exc:
@@ -154,7 +155,8 @@ class Hooks:
     def notify(self, point: HookPoint, *context: Any) -> None:
         """A notification point: every callback sees it; what they answer is ignored
         except Stop, which ends the chain."""
-        for reg in self.chain(point):
+        chain: tuple[Registration, ...] = getattr(self, point.attr)  # `chain`, inline: per CONNECT
+        for reg in chain:
             try:
                 answer = reg.callback(None, *context)
             except Exception as exc:

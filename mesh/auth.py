@@ -396,6 +396,10 @@ class AuthResult:
         return connack_v3_return_code(self.reason_code)
 
 
+# The answer to an anonymous CONNECT where anonymous access is on: made once (frozen).
+ANONYMOUS = AuthResult(AuthOutcome.OK, None, "anonymous")
+
+
 @dataclass
 class AuthStats:
     """Counts by outcome, for `/metrics` (the lead may read these or count AuthResults)."""
@@ -489,7 +493,7 @@ class Authenticator:
             if password is not None:
                 return AuthResult(AuthOutcome.BAD_CREDENTIALS, None, "password without a user name")
             if self.allow_anonymous:
-                return AuthResult(AuthOutcome.OK, None, "anonymous")
+                return ANONYMOUS
             return AuthResult(AuthOutcome.NOT_AUTHORIZED, None, "anonymous access is off and no credentials were given")
         passwords = self.passwords
         if passwords is None:

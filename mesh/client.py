@@ -417,8 +417,19 @@ class Client:
         built-in first callback, `mesh.security`); None when no hook has a say. May run
         in a worker thread (`Security.needs_hashing`): it touches no Trio state."""
         hooks = self.broker.hooks
-        if not hooks.client_connect and not hooks.client_authenticate:
-            return None
+        chain = hooks.client_authenticate
+        if not hooks.client_connect:
+            if not chain:
+                return None
+            security = self.security
+            if len(chain) == 1 and security is not None and chain[0] is security.password_hook:
+                # Only the built-in callback: its answer without a ConnectInfo or a chain
+                # to run (what `fold` would give, a raise counted and skipped included).
+                try:
+                    return security.verdict(c.username, c.password, self.peer_ip, self.cert_cn)
+                except Exception as exc:
+                    hooks.failed(chain[0], exc)
+                    return AuthVerdict()
         info = self.connect_info(c)
         if hooks.client_connect:
             code = hooks.fold(HookPoint.CLIENT_CONNECT, 0, info)
@@ -468,10 +479,11 @@ class Client:
         self.session = session
         self.write(self.machine.accept(session_present=present, assigned_client_identifier=assigned,
                                        response_information=f"meshd/response/{client_id}"))
-        expiry = session.expiry_interval
-        log_event(log, Event.CLIENT_CONNECTED, client_id=client_id, address=self.peer, listener=self.transport,
-                  protocol=c.protocol_level, clean=c.clean_start, expiry="never" if expiry == NEVER_EXPIRES else expiry,
-                  keepalive=self.machine.keep_alive, session_present=present, username=self.username)
+        if log.isEnabledFor(logging.INFO):  # as log_event asks, before its fields are made (the address a string)
+            expiry = session.expiry_interval
+            log_event(log, Event.CLIENT_CONNECTED, client_id=client_id, address=self.peer, listener=self.transport,
+                      protocol=c.protocol_level, clean=c.clean_start, expiry="never" if expiry == NEVER_EXPIRES else expiry,
+                      keepalive=self.machine.keep_alive, session_present=present, username=self.username)
         hooks = self.broker.hooks
         if hooks.client_connected:
             hooks.notify(HookPoint.CLIENT_CONNECTED, self.hook_info(keep=False))

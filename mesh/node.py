@@ -281,7 +281,7 @@ class Node:
                         # share one string instead of holding a copy each (~60 bytes).
                         host = sys.intern(str(addr[0])) if isinstance(addr, tuple) else ""
                         peer: str | int = int(addr[1]) if isinstance(addr, tuple) else "?"  # a port: host:port when asked
-                        conn = ParkedConnection(broker, SocketByteStream(fd), peer, clock=self.clock, lot=lot,
+                        conn = ParkedConnection(broker, SocketByteStream(fd, accepted=True), peer, clock=self.clock, lot=lot,
                                                 nursery=connections, connect_timeout=timeout, security=security,
                                                 peer_ip=host)
                         conn.park_new()

@@ -21,7 +21,7 @@ from clock import Clock
 from hooks import HookPoint, Hooks, Registration, Stop
 from hooks.points import AuthVerdict, ClientInfo, ConnectInfo
 from mesh.acl import Acl, AclError, AclFile, ClientAcl
-from mesh.auth import AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning, api_exposure_warning
+from mesh.auth import ANONYMOUS, AuthResult, Authenticator, PasswordFileError, anonymous_exposure_warning, api_exposure_warning
 from mesh.config import ConfigError, Settings
 from mesh.limits import MemoryGuard, PerKeyRateLimiter, rate_limit_key_for_ip
 from mesh.tls import TlsConfigError, server_context
@@ -37,6 +37,8 @@ SLOT_GRACE = 1.0
 LIMITS = ("max_connections", "connection_rate", "memory_limit", "max_subscriptions_per_client",
           "max_topic_levels", "publish_rate", "max_packet_size", "topic_alias_maximum", "receive_maximum")
 
+
+_ANONYMOUS_VERDICT = AuthVerdict(True, 0, ANONYMOUS.detail, None)
 
 # The setting that lets each operation through on a minority side.
 _ALLOW_DURING_NETSPLIT = {op: f"allow_{op}_during_netsplit" for op in ("connect", "subscribe", "publish")}
@@ -89,16 +91,25 @@ class Security:
         # client.authenticate and client.authorize: one path for them and for plugins.
         self._hooks = hooks
         self._acl_hook: Registration | None = None
-        hooks.add(HookPoint.CLIENT_AUTHENTICATE, self._authenticate_hook, BUILTIN_PRIORITY, "builtin/password_file")
+        self.password_hook = hooks.add(HookPoint.CLIENT_AUTHENTICATE, self._authenticate_hook, BUILTIN_PRIORITY,
+                                       "builtin/password_file")
         if settings.acl_file is not None:
             self._add_acl_hook()
 
     def _authenticate_hook(self, verdict: AuthVerdict, info: ConnectInfo) -> AuthVerdict | Stop:
         """client.authenticate's built-in callback: anonymous access, the password
         file, a certificate's CN. A refusal ends the chain."""
-        result = self.authenticate(info.client.username, info.password, info.peer_ip, info.cert_cn)
+        verdict = self.verdict(info.client.username, info.password, info.peer_ip, info.cert_cn)
+        return verdict if verdict.ok else Stop(verdict)
+
+    def verdict(self, username: str | None, password: bytes | None, peer_ip: str, cert_cn: str | None) -> AuthVerdict:
+        """The built-in callback's answer, which a CONNECT whose chain holds nothing else
+        asks for directly (`Client.authenticate_now`: no ConnectInfo, no chain to run)."""
+        result = self.authenticate(username, password, peer_ip, cert_cn)
+        if result is ANONYMOUS:
+            return _ANONYMOUS_VERDICT  # the common case, made once
         if not result.ok:
-            return Stop(AuthVerdict(False, result.reason_code, result.detail, result.username))
+            return AuthVerdict(False, result.reason_code, result.detail, result.username)
         return AuthVerdict(True, 0, result.detail, result.username)
 
     def _add_acl_hook(self) -> None:

@@ -3,6 +3,7 @@ plain TCP sockets (TLS and WebSocket clients use `trio.SSLStream` and `mesh.ws`)
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 from typing import Protocol
@@ -32,8 +33,14 @@ class SocketByteStream:
 
     __slots__ = ("_fd",)
 
-    def __init__(self, fd: int) -> None:
-        os.set_blocking(fd, False)
+    def __init__(self, fd: int, *, accepted: bool = False) -> None:
+        """`accepted`: `fd` comes straight from accept(), with no file status flag set,
+        so one fcntl sets O_NONBLOCK (`os.set_blocking` reads the flags first: two
+        system calls per connect)."""
+        if accepted:
+            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
+        else:
+            os.set_blocking(fd, False)
         self._fd = fd  # -1 once closed
 
     @classmethod

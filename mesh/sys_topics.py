@@ -113,18 +113,27 @@ class SysPublisher:
             hooks.add(HookPoint.CLIENT_DISCONNECTED, self._on_disconnected, BUILTIN_PRIORITY, "builtin/sys")
 
     def _on_connected(self, _value: None, client: ClientInfo) -> None:
-        self._client_event(client, "connected", {"proto_ver": client.protocol_level, "transport": client.transport})
+        topic = self._event_topic(client, "connected")
+        if topic is not None:
+            self._client_event(topic, client, {"proto_ver": client.protocol_level, "transport": client.transport})
 
     def _on_disconnected(self, _value: None, client: ClientInfo, reason: str) -> None:
-        self._client_event(client, "disconnected", {"reason": reason})
+        topic = self._event_topic(client, "disconnected")
+        if topic is not None:
+            self._client_event(topic, client, {"reason": reason})
 
-    def _client_event(self, client: ClientInfo, event: str, extra: dict[str, object]) -> None:
-        if "+" in client.client_id or "#" in client.client_id:
-            return  # not a topic name level
+    def _event_topic(self, client: ClientInfo, event: str) -> str | None:
+        """The event's topic if a session here would receive it, else None: it is not
+        retained, so with no one to receive it nothing is built (asked per CONNECT)."""
+        client_id = client.client_id
+        if "+" in client_id or "#" in client_id:
+            return None  # not a topic name level
         broker = self.broker
-        topic = f"$SYS/brokers/{broker.node_id}/clients/{client.client_id}/{event}"
-        if not broker.has_subscribers(topic):
-            return  # not retained: with no one to receive it, nothing to build (per CONNECT)
+        topic = f"$SYS/brokers/{broker.node_id}/clients/{client_id}/{event}"
+        return topic if broker.has_subscribers(topic) else None
+
+    def _client_event(self, topic: str, client: ClientInfo, extra: dict[str, object]) -> None:
+        broker = self.broker
         now = self.clock.wall()
         body = {"clientid": client.client_id, "username": client.username, "peer": client.peer, "node": client.node,
                 "ts": int(now * 1000), **extra}
