@@ -410,7 +410,8 @@ class AuthStats:
     rate_limited: int = 0
 
     def add(self, outcome: AuthOutcome) -> None:
-        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
+        name = outcome._value_  # not `.value`: a descriptor call (asked per CONNECT)
+        setattr(self, name, getattr(self, name) + 1)
 
 
 class Authenticator:
