@@ -157,7 +157,10 @@ class ClientConnection(Client):
         parked = False
         try:
             while not self.closing:
-                with trio.CancelScope(deadline=self._scope_deadline()) as scope:
+                # Work read and left pending when the last scope fired starts in a scope
+                # with no deadline (`_read_loop` sets it after the work): one already past
+                # its deadline would fire again before the work could begin, for good.
+                with trio.CancelScope(deadline=math.inf if self.awaits_work else self._scope_deadline()) as scope:
                     self._reader_scope = scope
                     await self._read_loop(scope)
                     return
@@ -232,6 +235,9 @@ class ClientConnection(Client):
                     await self._subscribe_sliced(self.pending_subscribe)
                 elif self.pending_connect is not None and not await self._handshake(self.pending_connect):
                     return
+                # Busy until now, not idle: a parkable reader's deadline counts from here
+                # (from before the work it could be past already, the next work cut off).
+                self._idle_since = clock.now()
                 scope.deadline = self._scope_deadline()
             if self._handle_input(clock.wall()):
                 return

@@ -316,3 +316,19 @@ def test_keep_alive_pushed_by_traffic_then_enforced(node, transport):
     c.publish("ka/x", b"still here")
     assert c.expect(1)[0].payload == b"still here"
     assert c.disconnects.empty()
+
+
+def test_big_subscribes_back_to_back_are_all_answered_when_slicing_outlasts_the_park_deadline(node, monkeypatch):
+    # Each SUBSCRIBE of 1,000 filters is taken a slice at a time and takes longer than
+    # PARK_AFTER here: the reader's deadline is past when the next one is due.  The
+    # reader left the fired scope and started each fresh one already past its deadline
+    # (the idle mark was from before the work), so the next SUBSCRIBE was never begun:
+    # route_convergence.py --preload 800000 on 4 nodes stalled with every node idle.
+    monkeypatch.setattr(mesh.parked, "PARK_AFTER", 0.001)
+    raw = Raw(node.mqtt_port, level=4)
+    raw.connect("bulk")
+    big = [encode(Subscribe(packet_id=n + 1, subscriptions=tuple(Subscription(f"bulk/{n}/{i}/+", qos=0)
+                                                                 for i in range(1000))), 4) for n in range(3)]
+    raw.send_bytes(b"".join(big) + encode(Pingreq(), 4))
+    kinds = [(type(p).__name__, getattr(p, "packet_id", None)) for p in (raw.recv() for _ in range(4))]
+    assert kinds == [("Suback", 1), ("Suback", 2), ("Suback", 3), ("Pingresp", None)]
