@@ -317,12 +317,12 @@ class Giving:
     fenced: dict[str, int] = field(default_factory=dict)
 
 
-def merge_stale(image: StoredSession, stale: Session) -> StoredSession:
+def merge_stale(image: StoredSession, stale: Session, *, dup: bool = False) -> StoredSession:
     """A copy of the session was already here (an older owner's, say after a netsplit):
     keep the handed-over image and add what only the stale copy has (subscriptions it
     lacks; its inflight and queued messages, as queued, unless the image has them or
     says the session was given them where it was: simulator seed 5627 of 3 nodes, 6
-    clients, 15 s)."""
+    clients, 15 s).  `dup`: they may have reached the client another way (DUP=1)."""
     for topic_filter, options in stale.subscriptions.items():
         image.subscriptions.setdefault(topic_filter, options)
     known = {message_key(d.message) for _, d, _ in image.inflight} | {message_key(d.message) for d in image.queue}
@@ -333,6 +333,7 @@ def merge_stale(image: StoredSession, stale: Session) -> StoredSession:
         if message_key(d.message) in known:
             continue
         copy = Delivery(d.message, d.qos, d.retain, d.subscription_ids)
+        copy.dup = dup or d.dup
         copy.seq = seq
         seq += 1
         image.queue.append(copy)

@@ -371,6 +371,13 @@ def test_a_message_the_dead_owner_may_have_delivered_comes_with_dup_after_a_take
     # forward n4 replayed at the heal (the forward names the nodes it went to).
     assert simulate_seed(5, 20, 60, 338, "--replicas", "2", "--crash") == "seed=338 ok"
     assert simulate_seed(5, 20, 60, 290, "--replicas", "2", "--crash") == "seed=290 ok"
+    # Seeds 739 and 773 (same mode): by the copy the taking node held itself.  n0 held a
+    # stale copy of s3 with messages relayed into it; it took s3 from the replica after
+    # n2, the owner, crashed, and merged that copy in: p5/3/1, which n2 had delivered
+    # just before, went to s3 again with DUP=0.  A stale copy merged into a session
+    # taken from a replica now goes with DUP=1 (`merge_stale(dup=True)`).
+    assert simulate_seed(5, 20, 60, 739, "--replicas", "2", "--crash") == "seed=739 ok"
+    assert simulate_seed(5, 20, 60, 773, "--replicas", "2", "--crash") == "seed=773 ok"
 
 
 def test_a_qos2_message_the_owner_completed_is_not_delivered_again_after_a_takeover_from_a_replica() -> None:
