@@ -227,7 +227,7 @@ async def test_a_hooked_publish_is_routed_and_acknowledged_when_the_readers_dead
     hooks = Hooks()
 
     async def slow_hook(message: Message) -> None:
-        await trio.sleep(0.1)
+        await trio.lowlevel.checkpoint()  # the chain awaits: where a fired scope would cut it off
 
     hooks.add(HookPoint.MESSAGE_PUBLISH, slow_hook, name="slow")
     broker = Broker(hooks=hooks)
@@ -292,7 +292,7 @@ class _AwaitingMesh:
         return False
 
     async def prepare_connect(self, client_id: str, clean_start: bool, persistent: bool) -> str:
-        await trio.sleep(0.5)  # asking the node that held the session
+        await trio.lowlevel.checkpoint()  # asking the node that held the session: an await
         self.claims.append(client_id)
         return "claimed"
 
